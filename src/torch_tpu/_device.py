@@ -1,0 +1,231 @@
+"""PrivateUse1 registration as `tpu`, and the `torch.tpu` module: counts, seeds, memory,
+synchronize, device properties."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import types
+
+import torch
+
+torch.utils.rename_privateuse1_backend("tpu")
+
+from . import _C  # noqa: E402  (the C++ piece: allocator, generator, guard, hooks)
+from . import _runtime  # noqa: E402
+
+_DEFAULT_GENERATOR = _C.default_generator()
+
+
+def default_generator() -> torch.Generator:
+    return _DEFAULT_GENERATOR
+
+
+# ---------------------------------------------------------------- device
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def _lazy_init() -> None:
+    _runtime.device()
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def _index(device) -> int:
+    if isinstance(device, torch.device):
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        return 0 if device.index is None else device.index
+    if isinstance(device, str):
+        return _index(torch.device(device))
+    if device is None:
+        return 0
+    return int(device)
+
+
+def set_device(device) -> None:
+    idx = _index(device)
+    if idx not in (0, -1):
+        raise RuntimeError(
+            f"Invalid device index tpu:{idx}: this process sees only tpu:0 "
+            "(torch_tpu runs one process per device; launch one per device with torchrun)")
+
+
+class device:  # noqa: N801  (mirrors torch.cuda.device)
+    """Context manager that selects a tpu device (only tpu:0 exists per process)."""
+
+    def __init__(self, device):
+        self.idx = _index(device)
+        set_device(self.idx)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def synchronize(device=None) -> None:
+    """Wait until every op dispatched so far has finished."""
+    from .eager import modes
+
+    modes.flush_pending()
+    for arr in _runtime.jax_live_arrays():
+        arr.block_until_ready()
+
+
+def get_device_name(device=None) -> str:
+    d = _runtime.device()
+    return f"{d.device_kind} ({d.platform}, via PJRT)"
+
+
+class _Properties(types.SimpleNamespace):
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
+                f"device_kind='{self.device_kind}', total_memory={self.total_memory // 2**20}MB)")
+
+
+def get_device_properties(device=None):
+    d = _runtime.device()
+    stats = {}
+    try:
+        stats = d.memory_stats() or {}
+    except Exception:  # XLA:CPU reports no memory stats
+        stats = {}
+    total = stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return _Properties(name=get_device_name(), platform=d.platform, device_kind=d.device_kind,
+                       total_memory=int(total), id=d.id)
+
+
+def get_device_capability(device=None):
+    return (0, 0)
+
+
+# ---------------------------------------------------------------- RNG
+def manual_seed(seed: int) -> None:
+    _DEFAULT_GENERATOR.manual_seed(int(seed))
+
+
+manual_seed_all = manual_seed
+
+
+def seed() -> None:
+    _DEFAULT_GENERATOR.seed()
+
+
+seed_all = seed
+
+
+def initial_seed() -> int:
+    return _DEFAULT_GENERATOR.initial_seed()
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    return _DEFAULT_GENERATOR.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    _DEFAULT_GENERATOR.set_state(new_state.cpu())
+
+
+def get_rng_state_all():
+    return [get_rng_state()]
+
+
+def set_rng_state_all(states) -> None:
+    set_rng_state(states[0])
+
+
+# ---------------------------------------------------------------- memory
+def memory_allocated(device=None) -> int:
+    """Bytes of tpu storage alive now (each storage owns one XLA buffer of that size)."""
+    return _C.memory_allocated()
+
+
+def max_memory_allocated(device=None) -> int:
+    return _C.max_memory_allocated()
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _C.reset_peak_memory_stats()
+
+
+def memory_reserved(device=None) -> int:
+    return _C.memory_allocated()
+
+
+def max_memory_reserved(device=None) -> int:
+    return _C.max_memory_allocated()
+
+
+def empty_cache() -> None:
+    """XLA frees buffers as their storages die; there is no cache to empty."""
+
+
+def memory_stats(device=None) -> dict:
+    cur, peak = _C.memory_allocated(), _C.max_memory_allocated()
+    return {
+        "allocated_bytes.all.current": cur,
+        "allocated_bytes.all.peak": peak,
+        "reserved_bytes.all.current": cur,
+        "reserved_bytes.all.peak": peak,
+    }
+
+
+# ---------------------------------------------------------------- autocast
+def get_amp_supported_dtype():
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+# ---------------------------------------------------------------- the module
+_PUBLIC = [
+    "is_available", "is_initialized", "_is_in_bad_fork", "_lazy_init", "device_count",
+    "current_device", "set_device", "device", "synchronize", "get_device_name",
+    "get_device_properties", "get_device_capability", "manual_seed", "manual_seed_all",
+    "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
+    "get_rng_state_all", "set_rng_state_all", "memory_allocated", "max_memory_allocated",
+    "reset_peak_memory_stats", "memory_reserved", "max_memory_reserved", "empty_cache",
+    "memory_stats", "get_amp_supported_dtype", "is_bf16_supported",
+]
+
+
+def _make_module() -> types.ModuleType:
+    mod = types.ModuleType("torch.tpu", "The tpu device: mirrors torch.cuda where it means something.")
+    g = globals()
+    for name in _PUBLIC:
+        setattr(mod, name, g[name])
+    mod._initialized = True
+    mod.default_generators = (_DEFAULT_GENERATOR,)
+    return mod
+
+
+def register() -> types.ModuleType:
+    mod = _make_module()
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    torch._register_device_module("tpu", mod)
+    sys.modules["torch.tpu"] = mod
+    _C.set_sync_callback(synchronize)
+    # Module.to("tpu") must keep tied weights tied (lm_head.weight is embed_tokens.weight):
+    # cpu and tpu tensors are not shallow-copy compatible, so without swapping, _apply
+    # makes a new Parameter per module.
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    return mod

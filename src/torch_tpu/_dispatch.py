@@ -1,0 +1,259 @@
+"""The PrivateUse1 kernels written in Python: one kernel per lowered op (and its in-place
+and out= variants), copy_ across devices, item(), and the boxed fallback for the tail.
+
+View, empty and resize kernels are C++ (csrc/tpu_ext.cpp): views are half the ops of a
+training step and torch's own at::native view kernels do them in under a microsecond.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import jax
+import torch
+
+from . import _runtime, _storage, metrics
+from .eager import modes
+from .eager.opcall import OpPlan
+from .lowering import decomp, registry
+
+_LIB = torch.library.Library("aten", "IMPL")
+_FALLBACK_LIB = torch.library.Library("_", "IMPL")
+_PLANS: dict = {}
+
+# ops with hand-written kernels below, never auto-registered from the table
+_CUSTOM = {"copy_", "_copy_from", "_copy_from_and_resize", "_local_scalar_dense", "_to_copy",
+           "empty", "empty_strided", "resize_", "set_", "as_strided", "view", "_reshape_alias",
+           "unfold", "view_as_real", "view_as_complex"}
+
+
+def plan_for(op) -> OpPlan:
+    plan = _PLANS.get(op)
+    if plan is None:
+        lowering = registry.lookup(op)
+        if lowering is None:
+            raise NotImplementedError(f"no lowering for {op}")
+        plan = _PLANS[op] = OpPlan(op, lowering)
+    return plan
+
+
+def run(op, args, kwargs):
+    """Execute an op that has a lowering in the current eager mode."""
+    plan = plan_for(op)
+    return modes.executor().execute(plan, plan.normalize(args, kwargs))
+
+
+def _kernel(plan):
+    def kernel(*args, **kwargs):
+        return modes.executor().execute(plan, plan.normalize(args, kwargs))
+
+    kernel.__name__ = f"tpu_{plan.name}"
+    return kernel
+
+
+def _out_kernel(op, functional):
+    """out= variant: compute with the functional op, then resize and copy into `out`."""
+    out_names = [a.name for a in op._schema.arguments if a.is_out]
+    fplan = plan_for(functional)
+
+    def kernel(*args, **kwargs):
+        outs = [kwargs.pop(n) for n in out_names]
+        result = modes.executor().execute(fplan, fplan.normalize(args, kwargs))
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for dst, src in zip(outs, results):
+            if dst.shape != src.shape:
+                dst.resize_(src.shape)
+            dst.copy_(src)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return kernel
+
+
+def _register_table():
+    seen = set()
+    packets = {}
+    for op in registry.LOWERINGS:
+        packets.setdefault(op.overloadpacket, []).append(op)
+    for op in list(registry.LOWERINGS):
+        _register(op, _kernel(plan_for(op)), seen)
+    # derived in-place and out= variants of every lowered functional op
+    for packet in packets:
+        name = packet.__name__
+        ns = getattr(torch.ops, packet._qualified_op_name.split("::")[0])
+        for cand_name in {name, name + "_"}:
+            cand_packet = getattr(ns, cand_name, None)
+            if cand_packet is None:
+                continue
+            for ov in cand_packet.overloads():
+                op = getattr(cand_packet, ov)
+                if op in registry.LOWERINGS or op in seen:
+                    continue
+                functional = registry.functional_variant(op)
+                if functional is None or functional not in registry.LOWERINGS:
+                    continue
+                if any(a.is_out for a in op._schema.arguments):
+                    _register(op, _out_kernel(op, functional), seen)
+                else:
+                    _register(op, _kernel(plan_for(op)), seen)
+
+
+def _register(op, kernel, seen):
+    if op.overloadpacket.__name__ in _CUSTOM or op in seen:
+        return
+    seen.add(op)
+    _LIB.impl(op, kernel, "PrivateUse1")
+
+
+# ---------------------------------------------------------------- copies between devices
+@functools.lru_cache(maxsize=4096)
+def _materializer(shape, stride, offset, blen, bdt, dtype):
+    return jax.jit(_storage.reader(shape, stride, offset, blen, bdt, dtype))
+
+
+def materialize(t: torch.Tensor) -> jax.Array:
+    """The value of a tpu tensor as a jax array of its shape (async)."""
+    modes.flush_pending()
+    buf = _storage.buffer(t.untyped_storage(), t.dtype)
+    shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    if offset == 0 and buf.shape[0] == t.numel() and buf.dtype == _runtime.jax_dtype(t.dtype) \
+            and t.is_contiguous():
+        return buf.reshape(shape)
+    return _materializer(shape, stride, offset, buf.shape[0], buf.dtype, t.dtype)(buf)
+
+
+def to_cpu(t: torch.Tensor) -> torch.Tensor:
+    metrics.count("device_to_host")
+    return _runtime.to_host(materialize(t), t.dtype).reshape(t.shape)
+
+
+def _upload(src: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor -> a new contiguous tpu tensor with the same values."""
+    metrics.count("host_to_device")
+    src = src.contiguous()
+    dst = torch.empty(src.shape, dtype=src.dtype, device="tpu")
+    _storage.set_buffer(dst.untyped_storage(), _runtime.to_device(src))
+    return dst
+
+
+def _covers_storage(t: torch.Tensor) -> bool:
+    return (t.is_contiguous() and t.storage_offset() == 0
+            and t.numel() * t.element_size() == t.untyped_storage().nbytes())
+
+
+def copy_(self, src, non_blocking=False):
+    if self.device.type == "tpu":
+        if src.device.type != "tpu":
+            if src.device.type != "cpu":
+                raise RuntimeError(f"copy_: cannot copy from {src.device} to tpu")
+            if src.shape == self.shape and src.dtype == self.dtype and _covers_storage(self):
+                metrics.count("host_to_device")
+                _storage.set_buffer(self.untyped_storage(), _runtime.to_device(src.contiguous()))
+                return self
+            src = _upload(src)
+        return run(torch.ops.aten.copy_.default, (self, src, non_blocking), {})
+    # tpu -> cpu
+    self.copy_(to_cpu(src))
+    return self
+
+
+def _copy_from(self, dst, non_blocking=False):
+    return copy_(dst, self, non_blocking)
+
+
+def _copy_from_and_resize(self, dst):
+    if dst.shape != self.shape:
+        dst.resize_(self.shape)
+    return copy_(dst, self)
+
+
+def _local_scalar_dense(self):
+    metrics.count("sync.item")
+    return to_cpu(self).item()
+
+
+# ---------------------------------------------------------------- the boxed fallback
+_cpu_fallback = [os.environ.get("TORCH_TPU_CPU_FALLBACK", "0") not in ("", "0")]
+_warned: set = set()
+
+
+def set_cpu_fallback(enabled: bool) -> None:
+    """Let ops without a lowering run on CPU (counted, warned once per op)."""
+    _cpu_fallback[0] = bool(enabled)
+
+
+def _to_cpu_tree(v):
+    if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+        return to_cpu(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_cpu_tree(x) for x in v)
+    if isinstance(v, torch.device) and v.type == "tpu":
+        return torch.device("cpu")
+    if isinstance(v, torch.Generator) and v.device.type == "tpu":
+        return None
+    return v
+
+
+def _to_tpu_tree(v):
+    if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+        return _upload(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_tpu_tree(x) for x in v)
+    return v
+
+
+def cpu_fallback(op, args, kwargs, reason):
+    name = str(op)
+    metrics.fallback_ops[name] += 1
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(f"torch_tpu: {name} has no tpu lowering and runs on CPU ({reason})",
+                      stacklevel=3)
+    cargs = _to_cpu_tree(list(args))
+    ckwargs = {k: _to_cpu_tree(v) for k, v in kwargs.items()}
+    out = op(*cargs, **ckwargs)
+    # write mutated arguments back to their tpu tensors
+    schema = op._schema
+    flat_args = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+    flat_cargs = list(cargs) + [ckwargs.get(a.name) for a in schema.arguments[len(args):]]
+    results = {}
+    for a, orig, cval in zip(schema.arguments, flat_args, flat_cargs):
+        if a.alias_info is not None and a.alias_info.is_write and isinstance(orig, torch.Tensor):
+            if orig.device.type == "tpu":
+                if orig.shape != cval.shape:
+                    orig.resize_(cval.shape)
+                copy_(orig, cval)
+            results[id(cval)] = orig
+    return _retarget(out, results)
+
+
+def _retarget(out, mutated):
+    if isinstance(out, torch.Tensor):
+        return mutated.get(id(out)) or _upload(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_retarget(o, mutated) for o in out)
+    return out
+
+
+def fallback(op, *args, **kwargs):
+    if op in decomp.DECOMPOSITIONS:
+        metrics.count("decompositions")
+        return decomp.DECOMPOSITIONS[op](*args, **kwargs)
+    reason = decomp.CPU_FALLBACKS.get(op)
+    if reason is not None:
+        return cpu_fallback(op, args, kwargs, reason)
+    if _cpu_fallback[0]:
+        return cpu_fallback(op, args, kwargs, "enabled by TORCH_TPU_CPU_FALLBACK")
+    raise NotImplementedError(
+        f"The operator '{op}' is not implemented for the tpu device (torch_tpu has no "
+        f"lowering for it). Set TORCH_TPU_CPU_FALLBACK=1 or call "
+        f"torch_tpu.set_cpu_fallback(True) to run it on CPU instead (slow).")
+
+
+def register() -> None:
+    _register_table()
+    for name, fn in [("copy_", copy_), ("_copy_from", _copy_from),
+                     ("_copy_from_and_resize", _copy_from_and_resize),
+                     ("_local_scalar_dense", _local_scalar_dense)]:
+        _LIB.impl(name, fn, "PrivateUse1")
+    _FALLBACK_LIB.fallback(fallback, "PrivateUse1")

@@ -1,0 +1,123 @@
+"""The PJRT side: platform choice, x64 config, dtype maps, host <-> device transfers.
+
+JAX must run with x64 enabled before any JAX work happens; otherwise int64 and float64
+silently become 32-bit, and torch's int64 indices and float64 math would not stay exact.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+TORCH_TO_JAX = {
+    torch.float32: jnp.dtype(jnp.float32),
+    torch.float64: jnp.dtype(jnp.float64),
+    torch.float16: jnp.dtype(jnp.float16),
+    torch.bfloat16: jnp.dtype(jnp.bfloat16),
+    torch.int8: jnp.dtype(jnp.int8),
+    torch.int16: jnp.dtype(jnp.int16),
+    torch.int32: jnp.dtype(jnp.int32),
+    torch.int64: jnp.dtype(jnp.int64),
+    torch.uint8: jnp.dtype(jnp.uint8),
+    torch.uint16: jnp.dtype(jnp.uint16),
+    torch.uint32: jnp.dtype(jnp.uint32),
+    torch.uint64: jnp.dtype(jnp.uint64),
+    torch.bool: jnp.dtype(jnp.bool_),
+    torch.complex64: jnp.dtype(jnp.complex64),
+    torch.complex128: jnp.dtype(jnp.complex128),
+    torch.float8_e4m3fn: jnp.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: jnp.dtype(ml_dtypes.float8_e5m2),
+}
+JAX_TO_TORCH = {v: k for k, v in TORCH_TO_JAX.items()}
+
+# numpy has no bfloat16 / float8 that torch.from_numpy understands: move those bytes as
+# same-width integers and reinterpret on each side.
+_HOST_CARRIER = {
+    torch.bfloat16: torch.int16,
+    torch.float8_e4m3fn: torch.uint8,
+    torch.float8_e5m2: torch.uint8,
+}
+
+
+class UnsupportedDtypeError(TypeError):
+    pass
+
+
+def jax_dtype(dtype: torch.dtype) -> np.dtype:
+    try:
+        return TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise UnsupportedDtypeError(
+            f"tpu does not support dtype {dtype}; supported: "
+            + ", ".join(str(d).replace("torch.", "") for d in TORCH_TO_JAX)
+        ) from None
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    return JAX_TO_TORCH[jnp.dtype(dtype)]
+
+
+def _select_device():
+    """The one device this process drives: the first local PJRT device.
+
+    One process per device, as on TPU pods; `TORCH_TPU_PLATFORM` picks a platform
+    (tpu, cuda, cpu) when several are installed."""
+    platform = os.environ.get("TORCH_TPU_PLATFORM")
+    devices = jax.local_devices(backend=platform) if platform else jax.local_devices()
+    return devices[0]
+
+
+_DEVICE = None
+
+
+def device():
+    global _DEVICE
+    if _DEVICE is None:
+        _DEVICE = _select_device()
+    return _DEVICE
+
+
+def to_device(cpu: torch.Tensor) -> jax.Array:
+    """A contiguous CPU tensor -> a flat, device-owned XLA buffer (always a copy)."""
+    dtype = cpu.dtype
+    jdt = jax_dtype(dtype)
+    carrier = _HOST_CARRIER.get(dtype)
+    src = cpu.reshape(-1)
+    if carrier is not None:
+        host = src.view(carrier).numpy().view(jdt)
+    else:
+        host = src.numpy()
+    # device_put may alias host memory on XLA:CPU; a private copy keeps the torch
+    # tensor and the XLA buffer independent.
+    return jax.device_put(np.array(host, copy=True), device())
+
+
+def to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
+    """An XLA array -> a CPU tensor of `dtype` with the same shape (waits for the value)."""
+    host = np.asarray(arr)
+    carrier = _HOST_CARRIER.get(dtype)
+    if carrier is not None:
+        host = host.view(TORCH_TO_JAX[carrier])
+        return torch.from_numpy(np.array(host)).view(dtype)
+    if not host.flags.writeable:
+        host = np.array(host)
+    return torch.from_numpy(host)
+
+
+def platform() -> str:
+    return device().platform
+
+
+def device_kind() -> str:
+    return device().device_kind
+
+
+def jax_live_arrays():
+    return jax.live_arrays()

@@ -1,0 +1,197 @@
+"""The XLA buffer that each tpu storage owns, and how tensors read and write it.
+
+A storage holds one flat 1-D XLA buffer, set as an attribute of the storage's Python
+object. That object lives exactly as long as torch's StorageImpl, and every view of the
+storage returns the same object, so all views share the buffer and it dies with the last
+of them. A tensor is (buffer, shape, strides, offset, dtype); `reader`/`writer` turn that
+static description into JAX code that runs inside the op's jitted function.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _runtime
+
+ATTR = "_xla"
+
+
+def buffer(storage, dtype):
+    """The storage's flat buffer; a fresh storage gets zeros (torch.empty's memory is
+    unspecified, zeros are a valid choice), a grown one is padded."""
+    buf = getattr(storage, ATTR, None)
+    if buf is not None and buf.size * buf.dtype.itemsize >= storage.nbytes():
+        return buf
+    jdt = _runtime.jax_dtype(dtype) if buf is None else buf.dtype
+    n = storage.nbytes() // jdt.itemsize
+    if buf is None:
+        buf = _zeros(n, jdt)
+    else:
+        buf = _pad(buf, n)
+    setattr(storage, ATTR, buf)
+    return buf
+
+
+@functools.lru_cache(maxsize=None)
+def _zeros_fn(n, dtype):
+    return jax.jit(lambda: jnp.zeros((n,), dtype))
+
+
+def _zeros(n, dtype):
+    with jax.default_device(_runtime.device()):
+        return _zeros_fn(n, dtype)()
+
+
+@functools.lru_cache(maxsize=None)
+def _pad_fn(old, new, dtype):
+    return jax.jit(lambda b: jnp.pad(b, (0, new - old)))
+
+
+def _pad(buf, n):
+    return _pad_fn(buf.shape[0], n, buf.dtype)(buf)
+
+
+def set_buffer(storage, buf):
+    setattr(storage, ATTR, buf)
+
+
+def has_buffer(storage) -> bool:
+    return getattr(storage, ATTR, None) is not None
+
+
+# ---------------------------------------------------------------- static view code
+def _bitcast_flat(flat, to_dtype):
+    """Reinterpret a flat buffer as another dtype, as torch's x.view(dtype) does."""
+    src = flat.dtype
+    if src == to_dtype:
+        return flat
+    if src == jnp.bool_ or to_dtype == jnp.bool_:
+        via = jnp.uint8
+        flat = flat.astype(via) if src == jnp.bool_ else flat
+        out = _bitcast_flat(flat, via if to_dtype == jnp.bool_ else to_dtype)
+        return out.astype(jnp.bool_) if to_dtype == jnp.bool_ else out
+    a, b = src.itemsize, jnp.dtype(to_dtype).itemsize
+    if a == b:
+        return lax.bitcast_convert_type(flat, to_dtype)
+    if a > b:  # one wide element -> several narrow ones
+        return lax.bitcast_convert_type(flat, to_dtype).reshape(-1)
+    k = b // a
+    n = flat.shape[0] // k * k
+    return lax.bitcast_convert_type(flat[:n].reshape(-1, k), to_dtype)
+
+
+def _dense_chain(shape, stride, offset, buf_len):
+    """Express a non-overlapping strided view as slice + reshapes + transpose.
+
+    Returns a function flat -> array, or None when the layout needs a gather."""
+    dims = [(i, n, s) for i, (n, s) in enumerate(zip(shape, stride)) if n != 1 and s != 0]
+    order = sorted(dims, key=lambda d: -d[2])
+    if not order:
+        return lambda flat: lax.slice(flat, (offset,), (offset + 1,)).reshape(())
+    for (_, n_outer, s_outer), (_, n_inner, s_inner) in zip(order, order[1:]):
+        if s_outer % s_inner or n_inner * s_inner > s_outer:
+            return None
+    span = order[0][1] * order[0][2]
+
+    def read(flat):
+        need = offset + span
+        if need > flat.shape[0]:
+            flat = jnp.pad(flat, (0, need - flat.shape[0]))
+        x = lax.slice(flat, (offset,), (offset + span,))
+        x = x.reshape(order[0][1], order[0][2])
+        for _, n, s in order[1:]:
+            prev = x.shape[-1]
+            x = x.reshape(*x.shape[:-1], prev // s, s)[..., :n, :]
+        x = x[..., 0]
+        # x has the sorted dims; put them back in the tensor's order.
+        perm = sorted(range(len(order)), key=lambda k: order[k][0])
+        x = jnp.transpose(x, perm) if perm != list(range(len(order))) else x
+        return x
+
+    return read
+
+
+def _gather_index(shape, stride, offset):
+    idx = np.full((), offset, dtype=np.int64)
+    for n, s in zip(shape, stride):
+        idx = idx[..., None] + np.arange(n, dtype=np.int64) * s
+    return idx
+
+
+def _is_contiguous(shape, stride):
+    expected = 1
+    for n, s in zip(reversed(shape), reversed(stride)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def reader(shape, stride, offset, buf_len, buf_dtype, dtype):
+    """flat buffer -> array of `shape`, for a tensor with these strides into it."""
+    shape, stride = tuple(shape), tuple(stride)
+    numel = math.prod(shape)
+    jdt = _runtime.jax_dtype(dtype)
+    convert = (lambda f: f) if buf_dtype == jdt else (lambda f: _bitcast_flat(f, jdt))
+
+    if numel == 0:
+        return lambda flat: jnp.zeros(shape, jdt)
+    if _is_contiguous(shape, stride):
+        if offset == 0 and numel == buf_len and buf_dtype == jdt:
+            return lambda flat: flat.reshape(shape)
+        return lambda flat: lax.slice(convert(flat), (offset,), (offset + numel,)).reshape(shape)
+
+    chain = _dense_chain(shape, stride, offset, buf_len)
+    if chain is not None:
+        # stride-0 (expanded) and size-1 dims were dropped by the chain: restore them.
+        kept = [i for i, (n, s) in enumerate(zip(shape, stride)) if n != 1 and s != 0]
+        inner = tuple(shape[i] for i in kept)
+
+        def read(flat):
+            x = chain(convert(flat))
+            x = x.reshape(tuple(shape[i] if i in kept else 1 for i in range(len(shape))))
+            return jnp.broadcast_to(x, shape) if x.shape != shape else x
+
+        del inner
+        return read
+    idx = _gather_index(shape, stride, offset)
+    return lambda flat: jnp.take(convert(flat), jnp.asarray(idx), mode="clip")
+
+
+@functools.lru_cache(maxsize=4096)
+def writer(shape, stride, offset, buf_len, buf_dtype, dtype):
+    """(flat buffer, value of `shape`) -> new flat buffer with the view overwritten."""
+    shape, stride = tuple(shape), tuple(stride)
+    numel = math.prod(shape)
+    jdt = _runtime.jax_dtype(dtype)
+    same = buf_dtype == jdt
+
+    def finish(new_flat_in_jdt, old):
+        return new_flat_in_jdt if same else _bitcast_flat(new_flat_in_jdt, buf_dtype)
+
+    if numel == 0:
+        return lambda flat, value: flat
+    if _is_contiguous(shape, stride):
+        if offset == 0 and numel == buf_len and same:
+            return lambda flat, value: value.reshape(-1).astype(jdt)
+
+        def write_slice(flat, value):
+            base = flat if same else _bitcast_flat(flat, jdt)
+            new = lax.dynamic_update_slice(base, value.reshape(-1).astype(jdt), (offset,))
+            return finish(new, flat)
+
+        return write_slice
+    idx = _gather_index(shape, stride, offset).reshape(-1)
+
+    def write_scatter(flat, value):
+        base = flat if same else _bitcast_flat(flat, jdt)
+        new = base.at[jnp.asarray(idx)].set(value.reshape(-1).astype(jdt), mode="drop")
+        return finish(new, flat)
+
+    return write_scatter

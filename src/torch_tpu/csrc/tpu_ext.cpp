@@ -1,0 +1,363 @@
+// The C++ piece of torch_tpu: what torch will not take from Python.
+//
+// - an allocator for PrivateUse1 whose addresses are unique and non-null but never
+//   dereferenced: the bytes live in an XLA buffer that Python attaches to the storage;
+//   the allocator only gives each storage an identity and a size (deepcopy, torch.load,
+//   HF's shared-tensor check and nbytes all need one) and counts live bytes;
+// - the metadata kernels (empty, views, resize_, set_) registered from at::native;
+// - a generator (seed + offset, consumed by the Python random lowerings);
+// - the device guard and the PrivateUse1 hooks (pinned memory, generators, resize);
+// - the autocast rules for AutocastPrivateUse1, mirroring CUDA's lists.
+#include <torch/extension.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/core/GeneratorForPrivateuseone.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Generator.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_set>
+
+namespace torch_tpu {
+
+constexpr c10::DeviceType kTPU = c10::DeviceType::PrivateUse1;
+
+// ---------------------------------------------------------------- device allocator
+std::atomic<int64_t> g_allocated{0};
+std::atomic<int64_t> g_peak{0};
+std::atomic<uint64_t> g_next_addr{uint64_t(1) << 44};  // far from any host mapping
+
+struct AllocInfo {
+  size_t nbytes;
+};
+
+void tpu_delete(void* ctx) {
+  auto* info = static_cast<AllocInfo*>(ctx);
+  g_allocated -= static_cast<int64_t>(info->nbytes);
+  delete info;
+}
+
+struct TpuAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    // Every storage gets its own address range, so data_ptr()-based identity checks
+    // (HF's shared-tensor detection, torch.save's storage dedup) see distinct storages.
+    size_t span = ((nbytes + 63) / 64) * 64 + 64;
+    void* addr = reinterpret_cast<void*>(g_next_addr.fetch_add(span));
+    int64_t now = (g_allocated += static_cast<int64_t>(nbytes));
+    int64_t peak = g_peak.load();
+    while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+    }
+    return {addr, new AllocInfo{nbytes}, &tpu_delete, c10::Device(kTPU, 0)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, "tpu storages hold no host bytes; copy through a tensor instead");
+  }
+};
+TpuAllocator g_allocator;
+REGISTER_ALLOCATOR(kTPU, &g_allocator);
+
+// ---------------------------------------------------------------- pinned host memory
+std::mutex g_pinned_mu;
+std::unordered_set<void*> g_pinned;
+
+void pinned_delete(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    g_pinned.erase(ptr);
+  }
+  std::free(ptr);
+}
+
+// Host memory the device copies from; on XLA:CPU nothing is faster than plain
+// aligned memory, but tensors must report is_pinned() and survive DataLoader workers.
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* ptr = nullptr;
+    if (nbytes > 0) {
+      ptr = std::aligned_alloc(64, ((nbytes + 63) / 64) * 64);
+      TORCH_CHECK(ptr, "pinned allocation of ", nbytes, " bytes failed");
+      std::lock_guard<std::mutex> lock(g_pinned_mu);
+      g_pinned.insert(ptr);
+    }
+    return {ptr, ptr, &pinned_delete, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &pinned_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+PinnedAllocator g_pinned_allocator;
+
+// ---------------------------------------------------------------- generator
+struct TpuGeneratorImpl : public c10::GeneratorImpl {
+  explicit TpuGeneratorImpl(uint64_t seed = c10::default_rng_seed_val)
+      : c10::GeneratorImpl(c10::Device(kTPU, 0), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        seed_(seed) {}
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+  }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK(state.numel() == 16 && state.dtype() == at::kByte,
+                "tpu RNG state must be a uint8 tensor of 16 bytes");
+    auto* p = static_cast<const uint64_t*>(state.data());
+    seed_ = p[0];
+    offset_ = p[1];
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto t = at::empty({16}, at::TensorOptions().dtype(at::kByte));
+    auto* p = static_cast<uint64_t*>(t.data_ptr());
+    p[0] = seed_;
+    p[1] = offset_;
+    return t.getIntrusivePtr();
+  }
+  static c10::DeviceType device_type() { return kTPU; }
+
+ private:
+  TpuGeneratorImpl* clone_impl() const override {
+    auto* g = new TpuGeneratorImpl(seed_);
+    g->offset_ = offset_;
+    return g;
+  }
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+};
+
+const at::Generator& default_generator() {
+  static at::Generator gen = at::make_generator<TpuGeneratorImpl>(c10::default_rng_seed_val);
+  return gen;
+}
+
+// ---------------------------------------------------------------- python callbacks
+// synchronize lives in Python (it waits on the XLA buffers); the guard calls it.
+py::object* g_sync_fn = nullptr;
+
+void call_python_sync() {
+  if (!g_sync_fn || !Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  (*g_sync_fn)();
+}
+
+// ---------------------------------------------------------------- storage resize
+void resize_bytes(const c10::Storage& storage, size_t newsize) {
+  // The XLA buffer is sized by Python from the storage's nbytes when it is next read;
+  // here the storage only gets a fresh identity of the new size.
+  auto* impl = storage.unsafeGetStorageImpl();
+  TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+  impl->set_data_ptr_noswap(g_allocator.allocate(newsize));
+  impl->set_nbytes(newsize);
+}
+
+// ---------------------------------------------------------------- hooks
+struct TpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    return default_generator();
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex) const override {
+    return at::make_generator<TpuGeneratorImpl>(c10::default_rng_seed_val);
+  }
+  at::Device getDeviceFromPtr(void*) const override { return at::Device(kTPU, 0); }
+  bool isPinnedPtr(const void* data) const override {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    return g_pinned.count(const_cast<void*>(data)) > 0;
+  }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  void setCurrentDevice(c10::DeviceIndex d) const override {
+    TORCH_CHECK(d == 0 || d == -1, "Invalid device index tpu:", int(d), "; this process sees only tpu:0");
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex) const override { return 0; }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override { return 0; }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    resize_bytes(storage, newsize);
+  }
+};
+
+struct HooksRegistrar {
+  HooksRegistrar() { at::RegisterPrivateUse1HooksInterface(new TpuHooks()); }
+};
+HooksRegistrar g_hooks_registrar;
+
+// ---------------------------------------------------------------- device guard
+struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kTPU; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    check(d);
+    return c10::Device(kTPU, 0);
+  }
+  c10::Device getDevice() const override { return c10::Device(kTPU, 0); }
+  void setDevice(c10::Device d) const override { check(d); }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kTPU, 0));
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
+  c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getStream(d); }
+  c10::Stream exchangeStream(c10::Stream s) const override { return s; }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  // Events: XLA orders work per device, so a recorded event is complete once its
+  // device is synchronized; record/block need no bookkeeping.
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override { call_python_sync(); }
+  void synchronizeEvent(void*) const override { call_python_sync(); }
+  void synchronizeDevice(const c10::DeviceIndex) const override { call_python_sync(); }
+
+ private:
+  static void check(c10::Device d) {
+    TORCH_CHECK(!d.has_index() || d.index() == 0, "Invalid device ", d,
+                ": this process sees only tpu:0 (one process per device)");
+  }
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
+
+// ---------------------------------------------------------------- kernels
+static void check_device(std::optional<at::Device> device) {
+  if (device.has_value()) {
+    TORCH_CHECK(!device->has_index() || device->index() == 0, "Invalid device ", *device,
+                ": this process sees only tpu:0 (one process per device)");
+  }
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  check_device(device);
+  return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout> layout, std::optional<at::Device> device,
+                         std::optional<bool> pin_memory) {
+  check_device(device);
+  return at::detail::empty_strided_generic(size, stride, &g_allocator,
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  const auto itemsize = self.dtype().itemsize();
+  const auto needed = static_cast<size_t>(
+      (self.storage_offset() + c10::multiply_integers(size)) * itemsize);
+  if (self.storage().nbytes() < needed) {
+    resize_bytes(self.storage(), needed);
+  }
+  if (memory_format.has_value() && *memory_format != c10::MemoryFormat::Preserve) {
+    impl->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& result, c10::Storage storage, int64_t storage_offset,
+                        c10::IntArrayRef size, c10::IntArrayRef stride) {
+  at::native::checkSetStorage(result, storage, storage_offset, size, stride);
+  result.unsafeGetTensorImpl()->set_storage_offset(storage_offset);
+  std::optional<c10::IntArrayRef> stride_opt =
+      stride.data() != nullptr ? std::optional<c10::IntArrayRef>(stride) : std::nullopt;
+  // Bounds are checked against the storage; a larger view grows the storage, as on CPU.
+  int64_t max_elem = 1;
+  if (!size.empty()) {
+    max_elem = storage_offset + 1;
+    for (size_t i = 0; i < size.size(); ++i) {
+      if (size[i] == 0) { max_elem = storage_offset; break; }
+      int64_t st = stride_opt ? (*stride_opt)[i] : 1;
+      max_elem += (size[i] - 1) * st;
+    }
+  } else {
+    max_elem = storage_offset + 1;
+  }
+  if (stride_opt) {
+    result.unsafeGetTensorImpl()->set_sizes_and_strides(size, *stride_opt);
+  } else {
+    result.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  }
+  const size_t needed = static_cast<size_t>(max_elem) * result.dtype().itemsize();
+  if (result.storage().nbytes() < needed) {
+    resize_bytes(result.storage(), needed);
+  }
+  return result;
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", at::native::as_strided_tensorimpl);
+  m.impl("view", at::native::view);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("unfold", at::native::unfold);
+  m.impl("view_as_real", at::native::view_as_real);
+  m.impl("view_as_complex", at::native::view_as_complex);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage_storage_offset", set_storage);
+}
+
+// ---------------------------------------------------------------- autocast
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+#define _KERNEL_PRIVATEUSEONE_LOW_PRECISION_FP(...) \
+  KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+  AT_FORALL_LOWER_PRECISION_FP(_KERNEL_PRIVATEUSEONE_LOW_PRECISION_FP)
+#define _KERNEL_PRIVATEUSEONE_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+  AT_FORALL_FP32(_KERNEL_PRIVATEUSEONE_FP32)
+#define _KERNEL_PRIVATEUSEONE_FP32_SET_OPT_DTYPE(...) \
+  KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+  AT_FORALL_FP32_SET_OPT_DTYPE(_KERNEL_PRIVATEUSEONE_FP32_SET_OPT_DTYPE)
+#define _KERNEL_PRIVATEUSEONE_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_PROMOTE(_KERNEL_PRIVATEUSEONE_PROMOTE)
+}
+
+}  // namespace torch_tpu
+
+// ---------------------------------------------------------------- python surface
+PYBIND11_MODULE(_C, m) {
+  m.def("memory_allocated", []() { return torch_tpu::g_allocated.load(); });
+  m.def("max_memory_allocated", []() { return torch_tpu::g_peak.load(); });
+  m.def("reset_peak_memory_stats", []() { torch_tpu::g_peak = torch_tpu::g_allocated.load(); });
+  m.def("default_generator", []() {
+    return py::reinterpret_steal<py::object>(
+        THPGenerator_initDefaultGenerator(torch_tpu::default_generator()));
+  });
+  m.def("set_sync_callback", [](py::object fn) {
+    if (!torch_tpu::g_sync_fn) torch_tpu::g_sync_fn = new py::object();  // leaked: outlives interpreter teardown
+    *torch_tpu::g_sync_fn = std::move(fn);
+  });
+  m.def("is_pinned_ptr", [](uint64_t p) {
+    std::lock_guard<std::mutex> lock(torch_tpu::g_pinned_mu);
+    return torch_tpu::g_pinned.count(reinterpret_cast<void*>(p)) > 0;
+  });
+}

@@ -1,0 +1,1 @@
+"""The eager execution modes; each is a small executor behind one interface."""

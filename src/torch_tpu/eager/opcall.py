@@ -1,0 +1,363 @@
+"""One aten op call turned into a cached, jitted JAX function: the part all eager modes
+share.
+
+`OpPlan` holds what is fixed per overload: argument kinds from the schema, which
+arguments are mutated, the lowering. `OpPlan.scan` turns one call's arguments into a
+cache key (shapes, strides, dtypes, static values, scalar *types*), the storages' flat XLA
+buffers and the dynamic scalars. `OpPlan.compile` builds the entry for a new key: torch's
+meta kernel gives result shapes and dtypes (and torch's own error for bad input), and
+the JAX function reads each input's view out of its buffer, runs the lowering, casts the
+results to torch's dtypes and writes mutated views back into their buffers. Scalars stay
+traced arguments, so a changing learning rate does not recompile.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import torch
+
+from .. import _runtime, _storage, metrics
+from .._device import default_generator
+
+TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC = range(8)
+_KINDS = {
+    "Tensor": TENSOR,
+    "Optional[Tensor]": OPT_TENSOR,
+    "List[Tensor]": TENSOR_LIST,
+    "List[Optional[Tensor]]": OPT_TENSOR_LIST,
+    "Scalar": SCALAR,
+    "number": SCALAR,
+    "Optional[number]": SCALAR,
+    "List[number]": SCALAR_LIST,
+    "Optional[Generator]": GENERATOR,
+}
+
+
+def _kind(arg):
+    t = arg.type
+    name = t.annotation_str if hasattr(t, "annotation_str") else str(t)
+    return _KINDS.get(name, _KINDS.get(str(t), STATIC))
+
+
+def _hashable(v):
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    return v
+
+
+class DeviceMismatchError(RuntimeError):
+    pass
+
+
+class Entry:
+    """A compiled (op, key): the jitted function and how its results become tensors."""
+
+    __slots__ = ("fn", "fresh", "structure", "mut_slots")
+
+    def __init__(self, fn, fresh, structure, mut_slots):
+        self.fn = fn                # (bufs, dyns) -> [fresh flat buffers..., new buffers of mutated storages...]
+        self.fresh = fresh          # [(shape, torch dtype)] of the new tensors
+        self.structure = structure  # per schema return: ("alias", i) | ("fresh",) | ("list", n)
+        self.mut_slots = mut_slots  # [(arg index, list index or None)] of mutated tensors
+
+
+class OpPlan:
+    """Per-overload facts, computed once."""
+
+    __slots__ = ("op", "name", "lowering", "kinds", "names", "npos", "defaults", "mutable",
+                 "ret_alias", "seeded", "dynamic_shape", "cache", "nrets")
+
+    def __init__(self, op, lowering):
+        schema = op._schema
+        self.op = op
+        self.name = f"aten::{schema.name.split('::')[-1]}" + (
+            f".{schema.overload_name}" if schema.overload_name else "")
+        self.lowering = lowering
+        args = schema.arguments
+        self.kinds = tuple(_kind(a) for a in args)
+        self.names = tuple(a.name for a in args)
+        self.npos = sum(1 for a in args if not a.kwarg_only)
+        self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
+        self.mutable = tuple(
+            i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
+        owner = {}
+        for i in self.mutable:
+            for s in args[i].alias_info.before_set:
+                owner[s] = i
+        self.ret_alias = tuple(
+            owner.get(next(iter(r.alias_info.before_set))) if r.alias_info is not None else None
+            for r in schema.returns)
+        self.nrets = len(schema.returns)
+        self.seeded = torch.Tag.nondeterministic_seeded in op.tags
+        self.dynamic_shape = torch.Tag.dynamic_output_shape in op.tags
+        self.cache = {}
+
+    # ------------------------------------------------------------ per call (hot path)
+    def normalize(self, args, kwargs):
+        vals = list(args)
+        n = len(vals)
+        if n < self.npos:
+            vals.extend(self.defaults[n:self.npos])
+        names = self.names
+        for i in range(self.npos, len(names)):
+            vals.append(kwargs.get(names[i], self.defaults[i]))
+        return vals
+
+    def scan(self, vals):
+        """-> (key, bufs, dyns). Tensors give their view spec, numbers their type."""
+        parts = []
+        bufs = []
+        dyns = []
+        kinds = self.kinds
+        gen = None
+        for i, v in enumerate(vals):
+            k = kinds[i]
+            if k == STATIC:
+                parts.append(_hashable(v))
+            elif k <= OPT_TENSOR:
+                parts.append(self._tensor_part(v, bufs, dyns))
+            elif k == SCALAR:
+                if v is None or isinstance(v, bool):
+                    parts.append(("=", v))
+                else:
+                    if isinstance(v, torch.Tensor):
+                        v = v.item()
+                    parts.append(type(v))
+                    dyns.append(v)
+            elif k <= OPT_TENSOR_LIST:
+                parts.append(tuple([self._tensor_part(t, bufs, dyns) for t in v]))
+            elif k == SCALAR_LIST:
+                parts.append(tuple([type(x) for x in v]))
+                dyns.extend(v)
+            else:
+                gen = v
+                parts.append(None)
+        if self.seeded:
+            if gen is None:
+                gen = default_generator()
+            elif gen.device.type != "tpu":
+                raise RuntimeError(
+                    f"{self.name}: expected a Generator on device tpu but got one on {gen.device}")
+            offset = gen.get_offset()
+            gen.set_offset(offset + 1)
+            dyns.append(gen.initial_seed() & 0x7FFFFFFFFFFFFFFF)
+            dyns.append(offset)
+        return (self.op, tuple(parts)), bufs, dyns
+
+    def _tensor_part(self, t, bufs, dyns):
+        if t is None:
+            return None
+        if not isinstance(t, torch.Tensor):  # a Python number torch passed for a Tensor
+            dyns.append(t)
+            return ("#", type(t))
+        if t.device.type != "tpu":
+            if t.dim() == 0 and t.device.type == "cpu":
+                t = t.to("tpu")  # CUDA accepts 0-dim CPU tensors beside device tensors; so do we
+            else:
+                raise DeviceMismatchError(
+                    f"Expected all tensors to be on the same device, but found at least two "
+                    f"devices, tpu:0 and {t.device}! (when checking argument for {self.name})")
+        buf = _storage.buffer(t.untyped_storage(), t.dtype)
+        bufs.append(buf)
+        return (t.shape, t.stride(), t.storage_offset(), t.dtype, buf.shape[0], buf.dtype)
+
+    # ------------------------------------------------------------ per new key
+    def compile(self, key, vals):
+        t0 = time.perf_counter()
+        parts = key[1]
+        meta = meta_run(self, vals)
+        mut_slots = []
+        for i in self.mutable:
+            v = vals[i]
+            if isinstance(v, (list, tuple)):
+                mut_slots.extend((i, j) for j in range(len(v)))
+            elif v is not None:
+                mut_slots.append((i, None))
+        fn = self._traceable(parts, mut_slots)
+        if meta is NotImplemented:
+            # no meta kernel: take shapes from JAX, dtypes mapped back to torch's
+            bufs_abs, dyns_abs = _abstract_inputs(parts, self)
+            shapes = jax.eval_shape(lambda b, d: fn(b, d, None)[0], bufs_abs, dyns_abs)
+            fresh = [(tuple(s.shape), _runtime.torch_dtype(s.dtype)) for s in shapes]
+            structure = tuple(("fresh",) for _ in fresh) if self.nrets else ()
+        else:
+            fresh, structure = _describe(self, meta)
+        dtypes = [_runtime.jax_dtype(d) for _, d in fresh]
+        shapes = [s for s, _ in fresh]
+
+        def run(bufs, dyns):
+            return fn(bufs, dyns, (shapes, dtypes))[1]
+
+        jitted = jax.jit(run)
+        metrics.count("executables_compiled")
+        metrics.compile_seconds[0] += time.perf_counter() - t0
+        return Entry(jitted, fresh, structure, mut_slots)
+
+    def _traceable(self, parts, mut_slots):
+        """(bufs, dyns, out specs) -> (raw results, flat buffers to store)."""
+        kinds, names, npos, lowering, seeded = self.kinds, self.names, self.npos, self.lowering, self.seeded
+        # which buffer index each tensor argument reads, to write mutations back
+        buf_index = {}
+        n = 0
+        for i, (k, part) in enumerate(zip(kinds, parts)):
+            if k <= OPT_TENSOR and part is not None and part[0] != "#":
+                buf_index[(i, None)] = n
+                n += 1
+            elif k in (TENSOR_LIST, OPT_TENSOR_LIST):
+                for j, p in enumerate(part):
+                    if p is not None and p[0] != "#":
+                        buf_index[(i, j)] = n
+                        n += 1
+
+        def read(part, bufs, b, dyns_it):
+            if part is None:
+                return None, b
+            if part[0] == "#":
+                return next(dyns_it), b
+            shape, stride, offset, dtype, blen, bdt = part
+            return _storage.reader(tuple(shape), tuple(stride), offset, blen, bdt, dtype)(bufs[b]), b + 1
+
+        def fn(bufs, dyns, specs):
+            dyns_it = iter(dyns)
+            args = []
+            b = 0
+            for k, part in zip(kinds, parts):
+                if k == STATIC:
+                    args.append(part)
+                elif k <= OPT_TENSOR:
+                    x, b = read(part, bufs, b, dyns_it)
+                    args.append(x)
+                elif k == SCALAR:
+                    args.append(part[1] if isinstance(part, tuple) else next(dyns_it))
+                elif k <= OPT_TENSOR_LIST:
+                    xs = []
+                    for p in part:
+                        x, b = read(p, bufs, b, dyns_it)
+                        xs.append(x)
+                    args.append(xs)
+                elif k == SCALAR_LIST:
+                    args.append([next(dyns_it) for _ in part])
+                else:
+                    args.append(None)
+            kw = {names[i]: args[i] for i in range(npos, len(args)) if kinds[i] != GENERATOR}
+            if seeded:
+                seed = next(dyns_it)
+                offset = next(dyns_it)
+                kw["generator"] = jax.random.fold_in(jax.random.key(seed), offset)
+            raw = _flatten(lowering(*args[:npos], **kw))
+            if specs is None:
+                return raw[:len(raw) - len(mut_slots)], None
+            shapes, dtypes = specs
+            nfresh = len(shapes)
+            if len(raw) != nfresh + len(mut_slots):
+                raise RuntimeError(
+                    f"lowering of {self.name} returned {len(raw)} results, expected "
+                    f"{nfresh} new + {len(mut_slots)} mutated")
+            out = []
+            for x, shape, dt in zip(raw[:nfresh], shapes, dtypes):
+                x = x.astype(dt) if x.dtype != dt else x
+                if x.shape != shape:
+                    x = x.reshape(shape) if x.size == _prod(shape) else jax.numpy.broadcast_to(x, shape)
+                out.append(x.reshape(-1))
+            for (i, j), x in zip(mut_slots, raw[nfresh:]):
+                part = parts[i] if j is None else parts[i][j]
+                shape, stride, offset, dtype, blen, bdt = part
+                w = _storage.writer(tuple(shape), tuple(stride), offset, blen, bdt, dtype)
+                if x is None:
+                    x = args[i] if j is None else args[i][j]
+                x = jax.numpy.broadcast_to(x.astype(_runtime.jax_dtype(dtype)), tuple(shape))
+                out.append(w(bufs[buf_index[(i, j)]], x))
+            return raw, out
+
+        return fn
+
+
+def _prod(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _flatten(out):
+    if isinstance(out, (tuple, list)):
+        flat = []
+        for o in out:
+            if isinstance(o, (tuple, list)):
+                flat.extend(o)
+            else:
+                flat.append(o)
+        return flat
+    return [out]
+
+
+def _abstract_inputs(parts, plan):
+    bufs, dyns = [], []
+    for k, part in zip(plan.kinds, parts):
+        ps = part if k in (TENSOR_LIST, OPT_TENSOR_LIST) else [part] if k <= OPT_TENSOR else []
+        for p in ps:
+            if p is None:
+                continue
+            if p[0] == "#":
+                dyns.append(p[1]())
+            else:
+                bufs.append(jax.ShapeDtypeStruct((p[4],), p[5]))
+        if k == SCALAR and not isinstance(part, tuple):
+            dyns.append(part())
+        if k == SCALAR_LIST:
+            dyns.extend(t() for t in part)
+    if plan.seeded:
+        dyns.extend([0, 0])
+    return bufs, dyns
+
+
+# ---------------------------------------------------------------- meta
+def _to_meta(v):
+    if isinstance(v, torch.Tensor):
+        if v.device.type == "meta":
+            return v
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_meta(x) for x in v)
+    if isinstance(v, torch.Generator):
+        return None
+    if isinstance(v, torch.device) and v.type == "tpu":
+        return torch.device("meta")
+    return v
+
+
+def meta_run(plan, vals):
+    """Run the op on meta tensors: torch's shape and dtype rules, and torch's error
+    message for bad input. NotImplemented if the op has no meta kernel."""
+    margs = [_to_meta(v) for v in vals]
+    kw = {plan.names[i]: margs[i] for i in range(plan.npos, len(margs))}
+    try:
+        return plan.op(*margs[:plan.npos], **kw)
+    except NotImplementedError:
+        return NotImplemented
+    except RuntimeError as e:
+        msg = str(e)
+        if "Meta" in msg and ("could not run" in msg.lower() or "no kernel" in msg.lower()):
+            return NotImplemented
+        raise
+
+
+def _describe(plan, meta):
+    rets = meta if isinstance(meta, tuple) else (meta,)
+    fresh = []
+    structure = []
+    if plan.nrets == 0:
+        return fresh, ()
+    for r, alias in zip(rets, plan.ret_alias):
+        if alias is not None:
+            structure.append(("alias", alias))
+        elif isinstance(r, (list, tuple)):
+            structure.append(("list", len(r)))
+            fresh.extend((tuple(x.shape), x.dtype) for x in r)
+        elif isinstance(r, torch.Tensor):
+            structure.append(("fresh",))
+            fresh.append((tuple(r.shape), r.dtype))
+        else:
+            structure.append(("value", r))
+    return fresh, tuple(structure)

@@ -1,0 +1,61 @@
+"""Strict eager: every op runs at once as one cached XLA executable, asynchronously.
+
+Dispatch never waits for a result; only reading values on the host (`.item()`, `.cpu()`,
+print) does.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _storage, metrics
+
+
+def new_tensor(shape, dtype, flat):
+    t = torch.empty(shape, dtype=dtype, device="tpu")
+    _storage.set_buffer(t.untyped_storage(), flat)
+    return t
+
+
+def finish(plan, entry, vals, outs):
+    """Store results: new tensors for fresh outputs, new buffers for mutated storages."""
+    nfresh = len(entry.fresh)
+    fresh = [new_tensor(shape, dtype, flat) for (shape, dtype), flat in zip(entry.fresh, outs)]
+    for (i, j), flat in zip(entry.mut_slots, outs[nfresh:]):
+        t = vals[i] if j is None else vals[i][j]
+        _storage.set_buffer(t.untyped_storage(), flat)
+    return assemble(entry.structure, vals, fresh)
+
+
+def assemble(structure, vals, fresh):
+    if not structure:
+        return None
+    it = iter(fresh)
+    rets = []
+    for s in structure:
+        tag = s[0]
+        if tag == "fresh":
+            rets.append(next(it))
+        elif tag == "alias":
+            rets.append(vals[s[1]])
+        elif tag == "list":
+            rets.append([next(it) for _ in range(s[1])])
+        else:
+            rets.append(s[1])
+    return rets[0] if len(rets) == 1 else tuple(rets)
+
+
+class StrictExecutor:
+    name = "strict"
+
+    def execute(self, plan, vals):
+        key, bufs, dyns = plan.scan(vals)
+        entry = plan.cache.get(key)
+        if entry is None:
+            metrics.count("cache_misses")
+            entry = plan.compile(key, vals)
+            plan.cache[key] = entry
+        else:
+            metrics.count("cache_hits")
+        metrics.count("dispatches.strict")
+        outs = entry.fn(bufs, dyns)
+        return finish(plan, entry, vals, outs)

@@ -1,0 +1,92 @@
+"""The lowering table: aten OpOverload -> JAX function. One table for every mode and for
+torch.compile.
+
+A lowering receives the op's arguments in schema order (kwarg-only ones as keywords),
+with tensors replaced by jax arrays, and returns what the op returns (for an in-place
+or out= op: the new values of the mutated tensors, in order). Result dtypes follow
+torch's rules: the executor casts every result to the dtype torch's own meta kernel
+gives, so a lowering never has to re-derive promotion for its outputs. Seeded ops
+(tag `nondeterministic_seeded`) receive `generator=` a JAX PRNG key.
+"""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+LOWERINGS: dict = {}
+
+
+def _overloads(op):
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return [getattr(op, name) for name in op.overloads()]
+    return [op]
+
+
+def lowering(*ops):
+    """Register `fn` as the lowering of every given OpOverload (a packet means all of its
+    overloads). A second registration of the same overload is a bug and raises."""
+
+    def register(fn):
+        for packet_or_op in ops:
+            for op in _overloads(packet_or_op):
+                if op in LOWERINGS:
+                    raise RuntimeError(f"duplicate lowering for {op}")
+                LOWERINGS[op] = fn
+        return fn
+
+    return register
+
+
+def functional_variant(op):
+    """For an in-place (`add_`) or out= (`add.out`) overload, the functional overload whose
+    lowering computes its values; None when there is none."""
+    schema = op._schema
+    packet_name = op.overloadpacket.__name__
+    ns = getattr(torch.ops, op.namespace)
+    mutable = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if not mutable:
+        return None
+    if packet_name.endswith("_") and not packet_name.startswith("_"):
+        base = getattr(ns, packet_name[:-1], None)
+    elif packet_name.endswith("_") and packet_name.startswith("_"):
+        base = getattr(ns, packet_name[:-1], None)  # e.g. _foreach_add_ -> _foreach_add
+    else:
+        base = getattr(ns, packet_name, None)
+    if base is None:
+        return None
+    is_out = any(a.is_out for a in schema.arguments)
+    want = [
+        (a.name, str(a.type))
+        for a in schema.arguments
+        if not (is_out and a.is_out)
+    ]
+    if not is_out:
+        # in-place: same overload name, self is mutable instead of returned
+        candidate = getattr(base, op._overloadname, None)
+        if candidate is not None and not _mutates(candidate):
+            return candidate
+    for name in base.overloads():
+        cand = getattr(base, name)
+        if _mutates(cand):
+            continue
+        args = [(a.name, str(a.type)) for a in cand._schema.arguments]
+        if args == want:
+            return cand
+    return None
+
+
+def _mutates(op):
+    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def lookup(op):
+    """The lowering that computes `op`'s results, following in-place/out= variants to
+    their functional op."""
+    fn = LOWERINGS.get(op)
+    if fn is not None:
+        return fn
+    base = functional_variant(op)
+    if base is not None:
+        return LOWERINGS.get(base)
+    return None

@@ -1,0 +1,8 @@
+"""shape lowerings."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .registry import aten, lowering

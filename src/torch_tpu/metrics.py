@@ -1,0 +1,42 @@
+"""Counters and the report: dispatches, compiles, cache hits, CPU fallbacks.
+
+Counters are plain dict increments on the hot path; the report is built on demand.
+"""
+from __future__ import annotations
+
+import collections
+
+counters: collections.Counter = collections.Counter()
+fallback_ops: collections.Counter = collections.Counter()
+compile_seconds = [0.0]
+
+
+def count(name: str, n: int = 1) -> None:
+    counters[name] += n
+
+
+def reset() -> None:
+    counters.clear()
+    fallback_ops.clear()
+    compile_seconds[0] = 0.0
+
+
+def as_dict() -> dict:
+    return {
+        "counters": dict(counters),
+        "compile_seconds": compile_seconds[0],
+        "cpu_fallbacks": dict(fallback_ops),
+    }
+
+
+def report() -> str:
+    d = as_dict()
+    lines = ["torch_tpu metrics"]
+    for k in sorted(d["counters"]):
+        lines.append(f"  {k:32s} {d['counters'][k]}")
+    lines.append(f"  {'compile_seconds':32s} {d['compile_seconds']:.3f}")
+    if d["cpu_fallbacks"]:
+        lines.append("  CPU fallbacks by op:")
+        for op, n in sorted(d["cpu_fallbacks"].items()):
+            lines.append(f"    {op:40s} {n}")
+    return "\n".join(lines)
