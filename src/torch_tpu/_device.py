@@ -218,12 +218,32 @@ def _make_module() -> types.ModuleType:
     return mod
 
 
+def _print_from_host() -> None:
+    """Format tpu tensors from a host copy: torch's formatter otherwise runs a dozen small
+    ops (abs, isfinite, masked_select, ...) on the device, each a compile on first use.
+    The device suffix (device='tpu:0') is still added by torch from the original tensor."""
+    import torch._tensor_str as ts
+
+    original = ts._tensor_str
+
+    def _tensor_str(self, indent):
+        if self.device.type == "tpu":
+            from . import metrics
+
+            metrics.count("sync.print")
+            self = self.cpu()
+        return original(self, indent)
+
+    ts._tensor_str = _tensor_str
+
+
 def register() -> types.ModuleType:
     mod = _make_module()
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     torch._register_device_module("tpu", mod)
     sys.modules["torch.tpu"] = mod
     _C.set_sync_callback(synchronize)
+    _print_from_host()
     # Module.to("tpu") must keep tied weights tied (lm_head.weight is embed_tokens.weight):
     # cpu and tpu tensors are not shallow-copy compatible, so without swapping, _apply
     # makes a new Parameter per module.

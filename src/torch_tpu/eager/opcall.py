@@ -53,9 +53,10 @@ class DeviceMismatchError(RuntimeError):
 class Entry:
     """A compiled (op, key): the jitted function and how its results become tensors."""
 
-    __slots__ = ("fn", "fresh", "structure", "mut_slots")
+    __slots__ = ("fn", "fresh", "structure", "mut_slots", "eager_fn")
 
-    def __init__(self, fn, fresh, structure, mut_slots):
+    def __init__(self, fn, fresh, structure, mut_slots, eager_fn=None):
+        self.eager_fn = eager_fn    # set instead of fn for data-dependent shapes
         self.fn = fn                # (bufs, dyns) -> [fresh flat buffers..., new buffers of mutated storages...]
         self.fresh = fresh          # [(shape, torch dtype)] of the new tensors
         self.structure = structure  # per schema return: ("alias", i) | ("fresh",) | ("list", n)
@@ -175,6 +176,11 @@ class OpPlan:
             elif v is not None:
                 mut_slots.append((i, None))
         fn = self._traceable(parts, mut_slots)
+        if self.dynamic_shape or meta is NotImplemented and not _traceable_shapes(fn, parts, self):
+            # data-dependent result shapes (nonzero, masked_select, bool-mask indexing):
+            # no single XLA program exists; run the lowering op by op on concrete arrays.
+            metrics.count("dynamic_shape_ops")
+            return Entry(None, None, None, mut_slots, fn)
         if meta is NotImplemented:
             # no meta kernel: take shapes from JAX, dtypes mapped back to torch's
             bufs_abs, dyns_abs = _abstract_inputs(parts, self)
@@ -271,6 +277,26 @@ class OpPlan:
             return raw, out
 
         return fn
+
+
+def _traceable_shapes(fn, parts, plan):
+    try:
+        bufs_abs, dyns_abs = _abstract_inputs(parts, plan)
+        jax.eval_shape(lambda b, d: fn(b, d, None)[0], bufs_abs, dyns_abs)
+        return True
+    except (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError,
+            jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError):
+        return False
+
+
+def run_eager(plan, entry, vals, bufs, dyns):
+    """Run a data-dependent-shape op on concrete arrays; returns (fresh specs, flat outs)."""
+    raw, _ = entry.eager_fn(bufs, dyns, None)
+    fresh = [(tuple(x.shape), _runtime.torch_dtype(x.dtype)) for x in raw]
+    outs = [x.reshape(-1) for x in raw]
+    if entry.mut_slots:
+        raise NotImplementedError(f"{plan.name}: in-place ops with data-dependent shapes")
+    return fresh, outs
 
 
 def _prod(shape):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .. import _storage, metrics
+from .opcall import run_eager
 
 
 def new_tensor(shape, dtype, flat):
@@ -57,5 +58,9 @@ class StrictExecutor:
         else:
             metrics.count("cache_hits")
         metrics.count("dispatches.strict")
+        if entry.fn is None:
+            fresh, outs = run_eager(plan, entry, vals, bufs, dyns)
+            tensors = [new_tensor(s, d, f) for (s, d), f in zip(fresh, outs)]
+            return tensors[0] if len(tensors) == 1 else tuple(tensors)
         outs = entry.fn(bufs, dyns)
         return finish(plan, entry, vals, outs)

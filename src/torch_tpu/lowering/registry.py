@@ -71,9 +71,14 @@ def functional_variant(op):
         if _mutates(cand):
             continue
         args = [(a.name, str(a.type)) for a in cand._schema.arguments]
-        if args == want:
+        # factory out= overloads (arange.start_out) lack the functional's TensorOptions
+        bare = [a for a in args if not (is_out and a[0] in _TENSOR_OPTIONS)]
+        if args == want or bare == want:
             return cand
     return None
+
+
+_TENSOR_OPTIONS = {"dtype", "layout", "device", "pin_memory"}
 
 
 def _mutates(op):

@@ -1,0 +1,189 @@
+"""The device itself: registration, torch.tpu, the accelerator API, factories, transfers,
+memory accounting and the storage representation (views and in-place writes)."""
+import gc
+
+import pytest
+import torch
+
+import torch_tpu
+
+
+def test_device_names_and_methods():
+    assert torch.device("tpu").type == "tpu"
+    assert torch.device("tpu:0").index == 0
+    x = torch.arange(4.0)
+    for t in (x.tpu(), x.to("tpu"), x.to(torch.device("tpu:0"))):
+        assert t.is_tpu and t.device == torch.device("tpu:0")
+        assert not t.is_cpu
+        torch.testing.assert_close(t.cpu(), x)
+        torch.testing.assert_close(t.to("cpu"), x)
+    m = torch.nn.Linear(2, 3).tpu()
+    assert m.weight.device.type == "tpu"
+    assert "device='tpu:0'" in repr(x.tpu())
+
+
+def test_torch_tpu_module():
+    assert torch.tpu.is_available() and torch.tpu.device_count() == 1
+    assert torch.tpu.current_device() == 0
+    torch.tpu.set_device(0)
+    with pytest.raises(RuntimeError, match="tpu:0"):
+        torch.tpu.set_device(3)
+    torch.tpu.synchronize()
+    assert isinstance(torch.tpu.get_device_name(), str)
+    props = torch.tpu.get_device_properties()
+    assert props.platform in ("cpu", "tpu", "gpu", "cuda") and props.total_memory > 0
+    stats = torch.tpu.memory_stats()
+    assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+
+
+def test_accelerator_api():
+    assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.device_count() == 1
+    assert torch.accelerator.current_device_index() == 0
+    torch.accelerator.synchronize()
+
+
+@pytest.mark.parametrize("factory", [
+    lambda d: torch.empty(2, 3, device=d).shape,
+    lambda d: torch.zeros(2, 3, device=d),
+    lambda d: torch.ones(2, 3, dtype=torch.int64, device=d),
+    lambda d: torch.full((2, 3), 7.5, device=d),
+    lambda d: torch.arange(10, device=d),
+    lambda d: torch.arange(1.0, 4.0, 0.5, device=d),
+    lambda d: torch.linspace(0, 1, 7, device=d),
+    lambda d: torch.eye(3, 4, device=d),
+    lambda d: torch.zeros_like(torch.ones(2, 2, device=d)),
+    lambda d: torch.ones_like(torch.ones(2, 2, device=d)),
+    lambda d: torch.full_like(torch.ones(2, 2, device=d), 3),
+    lambda d: torch.ones(4, device=d).fill_(2.0),
+    lambda d: torch.ones(4, device=d).zero_(),
+    lambda d: torch.tensor([[1, 2], [3, 4]], device=d),
+], ids=lambda f: "")
+def test_factories_match_cpu(factory):
+    got, want = factory("tpu"), factory("cpu")
+    if isinstance(want, torch.Tensor):
+        assert got.device.type == "tpu" and got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)
+    else:
+        assert got == want
+
+
+def test_random_factories_shapes_and_seed():
+    for make in (lambda: torch.rand(3, 4, device="tpu"), lambda: torch.randn(3, 4, device="tpu"),
+                 lambda: torch.randint(0, 10, (3, 4), device="tpu"),
+                 lambda: torch.randperm(6, device="tpu"),
+                 lambda: torch.empty(3, 4, device="tpu").normal_(),
+                 lambda: torch.empty(3, 4, device="tpu").uniform_(-1, 1),
+                 lambda: torch.empty(3, 4, device="tpu").bernoulli_(0.5),
+                 lambda: torch.rand_like(torch.ones(2, device="tpu")),
+                 lambda: torch.randn_like(torch.ones(2, device="tpu"))):
+        torch.manual_seed(0)
+        a = make().cpu()
+        torch.manual_seed(0)
+        b = make().cpu()
+        torch.testing.assert_close(a, b)
+    assert sorted(torch.randperm(6, device="tpu").tolist()) == list(range(6))
+
+
+def test_views_see_inplace_writes():
+    x = torch.zeros(4, 4, device="tpu")
+    v = x[1]
+    v.add_(1)
+    assert x.cpu()[1].eq(1).all() and x.cpu().sum() == 4
+    t = x.t()
+    x[2, 3] = 5.0  # setitem
+    assert t.cpu()[3, 2] == 5.0
+    y = torch.arange(8.0, device="tpu")
+    y.view(-1)[::2].mul_(2)
+    torch.testing.assert_close(y.cpu(), torch.tensor([0.0, 1, 4, 3, 8, 5, 12, 7]))
+    z = torch.arange(6.0).reshape(2, 3).to("tpu")
+    zt = z.t()
+    z.mul_(10)  # a transpose taken earlier sees later writes
+    torch.testing.assert_close(zt.cpu(), torch.arange(6.0).reshape(2, 3).t() * 10)
+
+
+def test_view_as_other_dtype_reinterprets_bytes():
+    x = torch.randn(8)
+    got = x.to("tpu").view(torch.int32).cpu()
+    assert torch.equal(got, x.view(torch.int32))
+    back = got.to("tpu").view(torch.float32).cpu()
+    assert torch.equal(back, x)
+
+
+def test_memory_returns_to_baseline():
+    gc.collect()
+    base = torch.tpu.memory_allocated()
+    x = torch.ones(1024, 1024, device="tpu")
+    y = x * 2
+    v = y[3:10]
+    assert torch.tpu.memory_allocated() - base == 2 * 4 * 1024 * 1024
+    assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
+    del x, y
+    assert torch.tpu.memory_allocated() - base == 4 * 1024 * 1024  # v keeps y's storage
+    del v
+    assert torch.tpu.memory_allocated() == base
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == base
+
+
+def test_int64_and_float64_stay_exact():
+    big = torch.tensor([2**53 + 1, -(2**62)], dtype=torch.int64)
+    assert torch.equal((big.to("tpu") + 1).cpu(), big + 1)
+    f = torch.tensor([1.0 + 2**-40], dtype=torch.float64)
+    assert torch.equal((f.to("tpu") * 3).cpu(), f * 3)
+
+
+def test_half_precision_dtypes():
+    for dt in (torch.bfloat16, torch.float16):
+        x = torch.randn(5).to(dt)
+        torch.testing.assert_close((x.to("tpu") * 2).cpu(), x * 2)
+
+
+def test_mixed_device_error_names_devices():
+    a = torch.ones(3, device="tpu")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.ones(3)
+    # a 0-dim CPU tensor is accepted as a scalar, as CUDA does
+    torch.testing.assert_close((a + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))
+    assert (a + 1).device.type == "tpu"  # the process survived
+
+
+def test_unsupported_dtype_error():
+    with pytest.raises(TypeError, match="tpu does not support dtype"):
+        torch.ones(2, dtype=torch.complex32).to("tpu")
+    assert torch.ones(1, device="tpu").item() == 1.0
+
+
+def test_shape_mismatch_error_is_torchs():
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.ones(3, device="tpu") + torch.ones(4, device="tpu")
+
+
+def test_missing_op_error_and_cpu_fallback():
+    x = torch.ones(3, device="tpu")
+    lib = torch.library.Library("torch_tpu_test", "DEF")
+    lib.define("mystery(Tensor x) -> Tensor")
+    lib.impl("mystery", lambda x: x * 3, "CPU")
+    op = torch.ops.torch_tpu_test.mystery.default
+    with pytest.raises(NotImplementedError, match="torch_tpu_test.mystery.*TORCH_TPU_CPU_FALLBACK"):
+        op(x)
+    torch_tpu.set_cpu_fallback(True)
+    try:
+        with pytest.warns(UserWarning, match="runs on CPU"):
+            out = op(x)
+        assert out.device.type == "tpu"
+        torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))
+        assert torch_tpu.metrics.as_dict()["cpu_fallbacks"]["torch_tpu_test.mystery.default"] >= 1
+    finally:
+        torch_tpu.set_cpu_fallback(False)
+
+
+def test_item_tolist_numpy_paths():
+    x = torch.tensor([1.5, 2.5], device="tpu")
+    assert x[0].item() == 1.5
+    assert x.tolist() == [1.5, 2.5]
+    assert x.cpu().numpy().tolist() == [1.5, 2.5]
+    with pytest.raises(TypeError):
+        x.numpy()  # like CUDA: copy to host first
+    assert bool(x.sum() > 3)
