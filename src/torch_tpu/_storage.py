@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,11 @@ from . import _runtime
 
 ATTR = "_xla"
 
+# data_ptr -> storage object, for storages torch rebuilds around an existing address
+# (at::from_blob in torch.save's legacy writer and pickle): they share the address, not
+# the StorageImpl, so they find their buffer here.
+_BY_PTR: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+
 
 def buffer(storage, dtype):
     """The storage's flat buffer; a fresh storage gets zeros (torch.empty's memory is
@@ -27,13 +33,16 @@ def buffer(storage, dtype):
     buf = getattr(storage, ATTR, None)
     if buf is not None and buf.size * buf.dtype.itemsize >= storage.nbytes():
         return buf
+    if buf is None:
+        owner = _BY_PTR.get(storage.data_ptr())
+        if owner is not None and owner is not storage:
+            buf = getattr(owner, ATTR, None)
+            if buf is not None and buf.size * buf.dtype.itemsize >= storage.nbytes():
+                return buf
     jdt = _runtime.jax_dtype(dtype) if buf is None else buf.dtype
     n = storage.nbytes() // jdt.itemsize
-    if buf is None:
-        buf = _zeros(n, jdt)
-    else:
-        buf = _pad(buf, n)
-    setattr(storage, ATTR, buf)
+    buf = _zeros(n, jdt) if buf is None else _pad(buf, n)
+    set_buffer(storage, buf)
     return buf
 
 
@@ -57,7 +66,17 @@ def _pad(buf, n):
 
 
 def set_buffer(storage, buf):
+    if getattr(storage, ATTR, None) is None:
+        _BY_PTR.setdefault(storage.data_ptr(), storage)
     setattr(storage, ATTR, buf)
+
+
+def share_with_owner(storage) -> None:
+    """After a write through a storage torch rebuilt around an existing address (torch.load's
+    legacy reader copies into `at::from_blob(data_ptr)`), give the owning storage the bytes."""
+    owner = _BY_PTR.get(storage.data_ptr())
+    if owner is not None and owner is not storage:
+        setattr(owner, ATTR, getattr(storage, ATTR))
 
 
 def has_buffer(storage) -> bool:

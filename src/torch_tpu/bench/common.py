@@ -55,9 +55,14 @@ def interleaved(fns: dict, rounds: int, progress=None) -> dict:
     return samples
 
 
-def timed(fn, reps: int, sync_fn) -> float:
-    """Seconds per call of `fn`, over a batch of `reps` calls and one sync at the end."""
+def timed(fn, reps: int, sync_fn, settle_s: float = 1e-3) -> float:
+    """Seconds per call of `fn`, over a batch of `reps` calls and one sync at the end.
+
+    The short sleep first lets the previous contestant's worker threads (XLA's pool, torch's
+    OpenMP team) stop spinning: on a 2-core machine they otherwise steal the next
+    contestant's cores."""
     sync_fn()
+    time.sleep(settle_s)
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()

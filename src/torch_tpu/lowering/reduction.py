@@ -1,8 +1,417 @@
-"""reduction lowerings."""
+"""Reductions (sums, means, extrema, statistics, norms, logical), scans and sorting.
+
+Accumulation follows torch: integer and bool sums and products accumulate in int64,
+bfloat16/float16 accumulate in float32 (torch's CPU and CUDA `acc_type`), and an explicit
+`dtype=` casts the input before reducing. The executor casts results to torch's dtype.
+
+Ordering follows torch's sort: NaN is larger than every number (whatever its sign bit),
+-0.0 equals 0.0, and equal elements keep their original order. `lax.sort` already
+canonicalizes NaN and zero in its comparator, so ascending order needs no key tricks.
+"""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._runtime import jax_dtype
 from .registry import aten, lowering
+
+_LOW_PRECISION = (jnp.bfloat16, jnp.float16)
+
+
+# ---------------------------------------------------------------- helpers
+def _axes(x, dim, empty_means_all=True):
+    """A reduction's `dim` argument as a sorted tuple of axes of `x`. None reduces every
+    axis; so does [] for the `int[1]?` reductions (sum, mean, amax, ...), while the
+    `int[]?` logical ones (any.dims, all.dims) treat [] as "reduce nothing"."""
+    if x.ndim == 0:
+        return ()
+    if dim is None:
+        return tuple(range(x.ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    if len(dim) == 0:
+        return tuple(range(x.ndim)) if empty_means_all else ()
+    return tuple(sorted({d % x.ndim for d in dim}))
+
+
+def _axis(x, dim):
+    """One dimension argument as an axis of `x` (0-dim tensors accept 0 and -1)."""
+    return dim % max(x.ndim, 1)
+
+
+def _count(x, axes):
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    return n
+
+
+def _acc(x, dtype=None):
+    """`x` in the dtype torch accumulates sums and products in."""
+    if dtype is not None:
+        x = x.astype(jax_dtype(dtype))
+    if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.integer):
+        return x.astype(jnp.int64)
+    if x.dtype in _LOW_PRECISION:
+        return x.astype(jnp.float32)
+    return x
+
+
+def _float_acc(x, dtype=None):
+    """`x` as floating point for statistics and norms (ints become float32, which is
+    torch's default dtype; bf16/f16 compute in float32)."""
+    if dtype is not None:
+        x = x.astype(jax_dtype(dtype))
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.complexfloating)):
+        return x.astype(jnp.float32)
+    if x.dtype in _LOW_PRECISION:
+        return x.astype(jnp.float32)
+    return x
+
+
+def _is_float(x):
+    return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _squeeze_unless(x, axis, keepdim):
+    return x if keepdim else jnp.squeeze(x, axis)
+
+
+# ---------------------------------------------------------------- sums and products
+@lowering(aten.sum.default, aten.sum.dim_IntList)
+def _sum(self, dim=None, keepdim=False, *, dtype=None):
+    return jnp.sum(_acc(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lowering(aten.nansum.default)
+def _nansum(self, dim=None, keepdim=False, *, dtype=None):
+    x = _acc(self, dtype)
+    if _is_float(x):
+        x = jnp.where(jnp.isnan(x), 0, x)
+    return jnp.sum(x, axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lowering(aten.mean.default, aten.mean.dim)
+def _mean(self, dim=None, keepdim=False, *, dtype=None):
+    # torch refuses integer input without dtype=, so _float_acc only widens bf16/f16
+    return jnp.mean(_float_acc(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lowering(aten.prod.default, aten.prod.dim_int)
+def _prod(self, dim=None, keepdim=False, *, dtype=None):
+    return jnp.prod(_acc(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lowering(aten.count_nonzero.default, aten.count_nonzero.dim_IntList)
+def _count_nonzero(self, dim=None):
+    return jnp.sum(self != 0, axis=_axes(self, dim), dtype=jnp.int64)
+
+
+@lowering(aten.any.default, aten.any.dim, aten.any.dims)
+def _any(self, dim=None, keepdim=False):
+    return jnp.any(self != 0, axis=_axes(self, dim, empty_means_all=False), keepdims=keepdim)
+
+
+@lowering(aten.all.default, aten.all.dim, aten.all.dims)
+def _all(self, dim=None, keepdim=False):
+    return jnp.all(self != 0, axis=_axes(self, dim, empty_means_all=False), keepdims=keepdim)
+
+
+# ---------------------------------------------------------------- extrema
+# XLA's max/min reductions propagate NaN, as torch's do.
+@lowering(aten.amax.default, aten.max.default)
+def _amax(self, dim=None, keepdim=False):
+    return jnp.max(self, axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lowering(aten.amin.default, aten.min.default)
+def _amin(self, dim=None, keepdim=False):
+    return jnp.min(self, axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lowering(aten.aminmax.default)
+def _aminmax(self, *, dim=None, keepdim=False):
+    axes = _axes(self, dim)
+    return jnp.min(self, axis=axes, keepdims=keepdim), jnp.max(self, axis=axes, keepdims=keepdim)
+
+
+def _arg_extreme(x, dim, keepdim, largest):
+    """Index of the first maximum (minimum) along `dim`, NaN counting as the extreme like
+    torch; dim=None indexes the flattened tensor."""
+    find = jnp.argmax if largest else jnp.argmin
+    if dim is None or x.ndim == 0:
+        return find(x.reshape(-1))  # the executor reshapes to torch's keepdim shape
+    return find(x, axis=_axis(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.argmax.default)
+def _argmax(self, dim=None, keepdim=False):
+    return _arg_extreme(self, dim, keepdim, largest=True)
+
+
+@lowering(aten.argmin.default)
+def _argmin(self, dim=None, keepdim=False):
+    return _arg_extreme(self, dim, keepdim, largest=False)
+
+
+def _extreme_dim(x, dim, keepdim, largest):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = _axis(x, dim)
+    idx = _arg_extreme(x, axis, True, largest)
+    values = jnp.take_along_axis(x, idx, axis=axis)
+    return _squeeze_unless(values, axis, keepdim), _squeeze_unless(idx, axis, keepdim)
+
+
+@lowering(aten.max.dim)
+def _max_dim(self, dim, keepdim=False):
+    return _extreme_dim(self, dim, keepdim, largest=True)
+
+
+@lowering(aten.min.dim)
+def _min_dim(self, dim, keepdim=False):
+    return _extreme_dim(self, dim, keepdim, largest=False)
+
+
+# ---------------------------------------------------------------- statistics
+def _var(x, axes, correction, keepdim):
+    """Two-pass variance with torch's divisor max(0, N - correction) (correction=None is 1);
+    complex input gives the real variance of |x - mean|."""
+    x = _float_acc(x)
+    centered = x - jnp.mean(x, axis=axes, keepdims=True)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        sq = centered.real * centered.real + centered.imag * centered.imag
+    else:
+        sq = centered * centered
+    c = 1 if correction is None else correction
+    return jnp.sum(sq, axis=axes, keepdims=keepdim) / jnp.maximum(_count(x, axes) - c, 0)
+
+
+@lowering(aten.var.correction)
+def _var_op(self, dim=None, *, correction=None, keepdim=False):
+    return _var(self, _axes(self, dim), correction, keepdim)
+
+
+@lowering(aten.std.correction)
+def _std_op(self, dim=None, *, correction=None, keepdim=False):
+    return jnp.sqrt(_var(self, _axes(self, dim), correction, keepdim))
+
+
+@lowering(aten.var_mean.correction)
+def _var_mean(self, dim=None, *, correction=None, keepdim=False):
+    axes = _axes(self, dim)
+    return _var(self, axes, correction, keepdim), jnp.mean(_float_acc(self), axis=axes, keepdims=keepdim)
+
+
+@lowering(aten.std_mean.correction)
+def _std_mean(self, dim=None, *, correction=None, keepdim=False):
+    axes = _axes(self, dim)
+    std = jnp.sqrt(_var(self, axes, correction, keepdim))
+    return std, jnp.mean(_float_acc(self), axis=axes, keepdims=keepdim)
+
+
+@lowering(aten.logsumexp.default)
+def _logsumexp(self, dim, keepdim=False):
+    # jax's logsumexp keeps torch's edge cases: an inf maximum gives inf, all -inf gives -inf
+    return jax.nn.logsumexp(_float_acc(self), axis=_axes(self, dim), keepdims=keepdim)
+
+
+# ---------------------------------------------------------------- norms
+def _vector_norm(x, ord, axes, keepdim):
+    """sum(|x|^ord)^(1/ord) with torch's special orders inf, -inf and 0. `ord` is a
+    Scalar, so it may be a traced value: the special cases are a `lax.switch`."""
+    a = jnp.abs(x)
+    if a.dtype in _LOW_PRECISION:
+        a = a.astype(jnp.float32)
+
+    def reduce(fn, v, **kw):
+        return fn(v, axis=axes, keepdims=keepdim, **kw)
+
+    branches = [
+        # `initial` keeps empty inputs traceable; |x| >= 0 makes it exact for max
+        lambda a: reduce(jnp.max, a, initial=0.0),
+        lambda a: reduce(jnp.min, a, initial=jnp.inf),
+        lambda a: reduce(jnp.sum, (a != 0).astype(a.dtype)),
+        lambda a: reduce(jnp.sum, a),
+        lambda a: jnp.sqrt(reduce(jnp.sum, a * a)),
+        lambda a: reduce(jnp.sum, a ** ord) ** (1.0 / ord),
+    ]
+    if not isinstance(ord, jax.core.Tracer):
+        special = {float("inf"): 0, float("-inf"): 1, 0: 2, 1: 3, 2: 4}
+        return branches[special.get(ord, 5)](a)
+    index = jnp.select([ord == jnp.inf, ord == -jnp.inf, ord == 0, ord == 1, ord == 2],
+                       [0, 1, 2, 3, 4], 5)
+    return lax.switch(index, branches, a)
+
+
+@lowering(aten.linalg_vector_norm.default)
+def _linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
+    x = self.astype(jax_dtype(dtype)) if dtype is not None else self
+    return _vector_norm(x, ord, _axes(self, dim), keepdim)
+
+
+@lowering(aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype,
+          aten.norm.ScalarOpt_dtype)
+def _norm(self, p=2, dim=None, keepdim=False, *, dtype=None):
+    x = self.astype(jax_dtype(dtype)) if dtype is not None else self
+    return _vector_norm(x, 2 if p is None else p, _axes(self, dim), keepdim)
+
+
+# ---------------------------------------------------------------- scans
+@lowering(aten.cumsum.default)
+def _cumsum(self, dim, *, dtype=None):
+    x = _acc(self, dtype)
+    return x if x.ndim == 0 else jnp.cumsum(x, axis=_axis(x, dim))
+
+
+@lowering(aten.cumprod.default)
+def _cumprod(self, dim, *, dtype=None):
+    x = _acc(self, dtype)
+    return x if x.ndim == 0 else jnp.cumprod(x, axis=_axis(x, dim))
+
+
+@lowering(aten.logcumsumexp.default, aten._logcumsumexp.default)
+def _logcumsumexp(self, dim):
+    x = _float_acc(self)
+    return x if x.ndim == 0 else lax.cumlogsumexp(x, axis=_axis(x, dim))
+
+
+def _cum_extreme(x, dim, largest):
+    """Running max/min with torch's indices: a later element wins ties (torch compares
+    with >= / <=) and a NaN, once seen, wins over every number. That is the maximum
+    under a total order, hence associative, so it runs as a parallel scan."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = _axis(x, dim)
+    idx = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+
+    def combine(earlier, later):
+        (ev, ei), (lv, li) = earlier, later
+        beats = lv >= ev if largest else lv <= ev
+        take_later = jnp.isnan(lv) | (~jnp.isnan(ev) & beats) if _is_float(x) else beats
+        return jnp.where(take_later, lv, ev), jnp.where(take_later, li, ei)
+
+    return lax.associative_scan(combine, (x, idx), axis=axis)
+
+
+@lowering(aten.cummax.default)
+def _cummax(self, dim):
+    return _cum_extreme(self, dim, largest=True)
+
+
+@lowering(aten.cummin.default)
+def _cummin(self, dim):
+    return _cum_extreme(self, dim, largest=False)
+
+
+# ---------------------------------------------------------------- sorting
+def _sort(x, axis, descending):
+    """Stable sort along `axis` -> (values, int64 original indices). Descending order
+    sorts the reversed tensor ascending and reverses the result: equal elements then
+    still come in their original order and NaN comes first, as torch's stable sort does."""
+    idx = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+    if descending:
+        x, idx = jnp.flip(x, axis), jnp.flip(idx, axis)
+    values, idx = lax.sort((x, idx), dimension=axis, is_stable=True, num_keys=1)
+    if descending:
+        values, idx = jnp.flip(values, axis), jnp.flip(idx, axis)
+    return values, idx
+
+
+@lowering(aten.sort.default, aten.sort.stable)
+def _sort_op(self, dim=-1, descending=False, *, stable=None):
+    # every sort here is stable, which also satisfies stable=False
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    return _sort(self, _axis(self, dim), descending)
+
+
+@lowering(aten.topk.default)
+def _topk(self, k, dim=-1, largest=True, sorted=True):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    axis = _axis(self, dim)
+    values, idx = _sort(self, axis, descending=largest)
+    take = lambda a: lax.slice_in_dim(a, 0, k, axis=axis)  # noqa: E731
+    return take(values), take(idx)
+
+
+def _select_sorted(values, idx, pos, axis, keepdim):
+    """The element at (traced) sorted position `pos` along `axis`, `pos` keeping that axis."""
+    v = jnp.take_along_axis(values, pos, axis=axis)
+    i = jnp.take_along_axis(idx, pos, axis=axis)
+    return _squeeze_unless(v, axis, keepdim), _squeeze_unless(i, axis, keepdim)
+
+
+@lowering(aten.kthvalue.default)
+def _kthvalue(self, k, dim=-1, keepdim=False):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    axis = _axis(self, dim)
+    values, idx = _sort(self, axis, False)
+    pos = jnp.full(values.shape[:axis] + (1,) + values.shape[axis + 1:], k - 1, jnp.int64)
+    return _select_sorted(values, idx, pos, axis, keepdim)
+
+
+def _median(x, axis, keepdim, ignore_nan):
+    """torch's median is the lower of the two middle values. With NaN present, median
+    returns a NaN; nanmedian takes the median of the numbers (NaN if there are none).
+    Sorted ascending, the NaNs sit at the end, so both are a position in the sort."""
+    values, idx = _sort(x, axis, False)
+    n = x.shape[axis]
+    if _is_float(x):
+        nans = jnp.sum(jnp.isnan(x), axis=axis, keepdims=True, dtype=jnp.int64)
+    else:
+        nans = jnp.zeros(x.shape[:axis] + (1,) + x.shape[axis + 1:], jnp.int64)
+    if ignore_nan:
+        pos = jnp.maximum((n - nans - 1) // 2, 0)
+    else:
+        pos = jnp.where(nans > 0, n - nans, (n - 1) // 2)
+    return _select_sorted(values, idx, pos, axis, keepdim)
+
+
+@lowering(aten.median.default)
+def _median_all(self):
+    return _median(self.reshape(-1), 0, False, ignore_nan=False)[0]
+
+
+@lowering(aten.nanmedian.default)
+def _nanmedian_all(self):
+    return _median(self.reshape(-1), 0, False, ignore_nan=True)[0]
+
+
+@lowering(aten.median.dim)
+def _median_dim(self, dim, keepdim=False):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    return _median(self, _axis(self, dim), keepdim, ignore_nan=False)
+
+
+@lowering(aten.nanmedian.dim)
+def _nanmedian_dim(self, dim, keepdim=False):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    return _median(self, _axis(self, dim), keepdim, ignore_nan=True)
+
+
+@lowering(aten.mode.default)
+def _mode(self, dim=-1, keepdim=False):
+    """Most frequent value; among equally frequent values the smallest, and its last
+    index, like torch's CPU kernel. Runs of equal values in the stable sort give each
+    position its count so far; the first position holding the maximal count is the last
+    element of the smallest most-frequent value."""
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    axis = _axis(self, dim)
+    values, idx = _sort(self, axis, False)
+    pos = lax.broadcasted_iota(jnp.int64, values.shape, axis)
+    n = values.shape[axis]
+    same_as_prev = jnp.concatenate(
+        [jnp.zeros_like(lax.slice_in_dim(values, 0, 1, axis=axis), jnp.bool_),
+         lax.slice_in_dim(values, 1, n, axis=axis) == lax.slice_in_dim(values, 0, n - 1, axis=axis)],
+        axis=axis)
+    run_start = lax.cummax(jnp.where(same_as_prev, 0, pos), axis=axis)
+    best = jnp.argmax(pos - run_start, axis=axis, keepdims=True)
+    return _select_sorted(values, idx, best, axis, keepdim)
