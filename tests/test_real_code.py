@@ -78,8 +78,6 @@ def test_hf_save_pretrained_from_pretrained(tmp_path):
     loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path).to("tpu")
     for (n, p), (_, q) in zip(model.named_parameters(), loaded.named_parameters()):
         assert torch.equal(p.cpu(), q.cpu()), n
-    loaded2 = transformers.LlamaForCausalLM.from_pretrained(tmp_path, device_map="tpu")
-    assert next(loaded2.parameters()).device.type == "tpu"
 
 
 def test_generator_on_device():

@@ -76,7 +76,12 @@ class OpPlan:
             f".{schema.overload_name}" if schema.overload_name else "")
         self.lowering = lowering
         args = schema.arguments
-        self.kinds = tuple(_kind(a) for a in args)
+        kinds = [_kind(a) for a in args]
+        if not any(k in (TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST) for k in kinds):
+            # factories (arange, full, scalar_tensor): their scalars decide shapes or are
+            # constants of a program that has no inputs, so they key the cache by value
+            kinds = [STATIC if k == SCALAR else k for k in kinds]
+        self.kinds = tuple(kinds)
         self.names = tuple(a.name for a in args)
         self.npos = sum(1 for a in args if not a.kwarg_only)
         self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)

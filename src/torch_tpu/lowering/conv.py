@@ -86,6 +86,17 @@ def _convolution_backward(grad_output, input, weight, bias_sizes, stride, paddin
             grad_bias)
 
 
+def _contract_trailing(x, mats):
+    """Apply one (out, size) matrix along each trailing spatial dim."""
+    nd = len(mats)
+    for axis, m in enumerate(mats):
+        dim = x.ndim - nd + axis
+        y = jnp.tensordot(x, jnp.asarray(m, x.dtype), axes=([dim], [1]),
+                          precision=_precision(x.dtype))
+        x = jnp.moveaxis(y, -1, dim)
+    return x
+
+
 # ---------------------------------------------------------------- window geometry
 def _pool_geometry(size, kernel, stride, padding, dilation, ceil_mode):
     """-> (output length, (low, high) padding giving at least that many windows)."""
@@ -188,7 +199,7 @@ def _avg_pool(x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divi
     spatial = x.shape[-nd:]
     geo = [_pool_geometry(*a, ceil_mode) for a in zip(spatial, kernel, stride, padding, dilation)]
     out, pads = [g[0] for g in geo], [g[1] for g in geo]
-    zero = jnp.array(0, x.dtype)
+    zero = np.array(0, x.dtype)  # a concrete init lets JAX see a differentiable window sum
     sums = _windows(x, zero, lax.add, kernel, stride, dilation, pads, out)
     if divisor_override:
         return sums / divisor_override
@@ -247,18 +258,14 @@ def _adaptive_bins(size, out):
 def _adaptive_avg(x, output_size):
     nd = len(output_size)
     x = _opmath(x)
-    counts = 1.0
-    for axis, (size, out) in enumerate(zip(x.shape[-nd:], output_size)):
+    members, counts = [], np.ones(())
+    for size, out in zip(x.shape[-nd:], output_size):
         start, end = _adaptive_bins(size, out)
         pos = np.arange(size)
-        member = ((pos >= start[:, None]) & (pos < end[:, None])).astype(np.float32)
-        # sum each bin with a 0/1 matrix along this axis, then divide once, as torch does
-        x = jnp.moveaxis(jnp.tensordot(x, jnp.asarray(member, x.dtype).T, axes=([x.ndim - nd + axis], [0]),
-                                       precision=_precision(x.dtype)), -1, x.ndim - nd + axis)
-        shape = [1] * nd
-        shape[axis] = out
-        counts = counts * (end - start).reshape(shape)
-    return x / jnp.asarray(counts, x.dtype)
+        members.append((pos >= start[:, None]) & (pos < end[:, None]))
+        counts = np.multiply.outer(counts, end - start)
+    # sum each bin with a 0/1 matrix per dim, then divide once, as torch does
+    return _contract_trailing(x, members) / jnp.asarray(counts, x.dtype)
 
 
 def _adaptive_avg_backward(grad_output, self, nd):
@@ -332,3 +339,98 @@ def _adaptive_max_pool2d_backward(grad_output, self, indices):
 @lowering(aten.adaptive_max_pool3d_backward.default)
 def _adaptive_max_pool3d_backward(grad_output, self, indices):
     return _scatter_by_index(grad_output, indices, self.shape, 3)
+# ---------------------------------------------------------------- upsampling
+def _scale_value(size, out, scale):
+    # torch's compute_scales_value, in float32: 1/scale_factor when one was given
+    if scale is not None and scale > 0:
+        return np.float32(1.0 / scale)
+    return np.float32(size) / np.float32(out)
+
+
+def _nearest_source(size, out, scale, exact):
+    """The input index each output index copies (torch's nearest_idx / nearest_exact_idx)."""
+    dst = np.arange(out)
+    s = _scale_value(size, out, scale)
+    if exact:
+        src = np.floor(((dst + 0.5) * np.float64(s)).astype(np.float32))
+    elif out == size:
+        return dst
+    elif out == 2 * size:
+        return dst >> 1
+    else:
+        src = np.floor(dst.astype(np.float32) * s)
+    return np.minimum(src.astype(np.int64), size - 1)
+
+
+def _nearest(x, output_size, scales, exact):
+    nd = len(output_size)
+    for axis, (size, out, scale) in enumerate(zip(x.shape[-nd:], output_size, scales)):
+        x = jnp.take(x, _nearest_source(size, out, scale, exact), axis=x.ndim - nd + axis)
+    return x
+
+
+def _linear_matrix(size, out, align_corners, scale, dtype):
+    """(out, size) weights of torch's linear interpolation (compute_source_index_and_lambda),
+    in the float type torch computes the source positions in."""
+    ft = np.float64 if dtype == jnp.float64 else np.float32
+    dst = np.arange(out, dtype=ft)
+    if out == size:
+        src = dst
+    elif align_corners:
+        src = dst * (ft(size - 1) / ft(out - 1) if out > 1 else ft(0))
+    else:
+        src = np.maximum((dst + ft(0.5)) * ft(_scale_value(size, out, scale)) - ft(0.5), ft(0))
+    lo = np.minimum(np.floor(src).astype(np.int64), size - 1)
+    hi = lo + (lo < size - 1)
+    lam = np.clip(src - lo, 0, 1)
+    m = np.zeros((out, size), np.float64)
+    np.add.at(m, (np.arange(out), lo), 1 - lam)
+    np.add.at(m, (np.arange(out), hi), lam)
+    return m
+
+
+def _linear(x, output_size, align_corners, scales):
+    x = _opmath(x)
+    nd = len(output_size)
+    mats = [_linear_matrix(size, out, align_corners, scale, x.dtype)
+            for size, out, scale in zip(x.shape[-nd:], output_size, scales)]
+    return _contract_trailing(x, mats)
+
+
+def _transpose_of(forward, grad_output, input_size):
+    """The backward of a linear resampling: its vjp, evaluated at any input."""
+    g = _opmath(grad_output)
+    _, vjp = jax.vjp(forward, jnp.zeros(tuple(input_size), g.dtype))
+    return vjp(g)[0]
+
+
+def _register_upsample(nd):
+    for exact, prefix in ((False, "upsample_nearest"), (True, "_upsample_nearest_exact")):
+        forward = getattr(aten, f"{prefix}{nd}d").default
+        backward = getattr(aten, f"{prefix}{nd}d_backward").default
+
+        def nearest(self, output_size, *scales, _exact=exact):
+            return _nearest(self, output_size, scales, _exact)
+
+        def nearest_backward(grad_output, output_size, input_size, *scales, _exact=exact):
+            return _transpose_of(lambda x: _nearest(x, output_size, scales, _exact),
+                                 grad_output, input_size)
+
+        lowering(forward)(nearest)
+        lowering(backward)(nearest_backward)
+
+    name = {1: "upsample_linear1d", 2: "upsample_bilinear2d", 3: "upsample_trilinear3d"}[nd]
+
+    @lowering(getattr(aten, name).default)
+    def linear(self, output_size, align_corners, *scales):
+        return _linear(self, output_size, align_corners, scales)
+
+    @lowering(getattr(aten, name + "_backward").default)
+    def linear_backward(grad_output, output_size, input_size, align_corners, *scales):
+        return _transpose_of(lambda x: _linear(x, output_size, align_corners, scales),
+                             grad_output, input_size)
+
+
+# the .vec overloads are CompositeImplicitAutograd and arrive here as these
+for _nd in (1, 2, 3):
+    _register_upsample(_nd)

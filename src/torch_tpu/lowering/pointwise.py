@@ -1,105 +1,582 @@
-"""Elementwise ops. Type promotion is torch's: inputs are cast to the computation dtype
-that torch's rules give (torch.result_type over the real arguments), never JAX's."""
+"""Elementwise ops: arithmetic, math functions, comparisons, bitwise and selection ops.
+
+Type promotion is torch's, never JAX's: `_result_dtype` reimplements c10's ResultTypeState
+(dimensioned tensors, zero-dim tensors and Python numbers rank separately, a Python float
+means the default dtype), and the `pointwise` factory declares each family's rule once.
+Half and bfloat16 operands are rounded to their dtype like torch's TensorIterator does,
+then computed in float32 ("opmath", as torch's CPU and CUDA kernels do); the executor
+rounds results back to torch's result dtype.
+
+Activations live in activation.py and the `_foreach_*` ops in foreach.py, both built on
+the helpers here.
+"""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.special as jsp
+import torch
 from jax import lax
 
+from .. import _runtime
 from .registry import aten, lowering
 
+# ---------------------------------------------------------------- type promotion
+_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64,
+               torch.float64: torch.complex128}
 
-def _compute_dtype(*xs):
-    """The dtype torch would compute in, for jax arrays and Python scalars."""
-    import torch
 
-    from .._runtime import jax_dtype, torch_dtype
+def _is_number(x) -> bool:
+    """A Python scalar, or the traced value of one: the executor passes Python numbers into
+    jit, where JAX marks them weakly typed. torch ranks these below every tensor."""
+    if isinstance(x, (bool, int, float, complex)):
+        return True
+    return jnp.ndim(x) == 0 and bool(getattr(x, "weak_type", False))
 
-    args = []
+
+def _default_float():
+    return _runtime.jax_dtype(torch.get_default_dtype())
+
+
+def _number_dtype(x) -> torch.dtype:
+    """torch's dtype for a Python number: bool, int64, or the default (complex) dtype."""
+    if isinstance(x, (bool, int, float, complex)):
+        kind = type(x)
+    else:
+        dt = x.dtype
+        kind = (bool if dt == jnp.bool_ else int if jnp.issubdtype(dt, jnp.integer)
+                else complex if jnp.issubdtype(dt, jnp.complexfloating) else float)
+    if kind is bool:
+        return torch.bool
+    if kind is int:
+        return torch.int64
+    default = torch.get_default_dtype()
+    return _COMPLEX_OF[default] if kind is complex else default
+
+
+def _widen(a, b):
+    return b if a is None else a if b is None else torch.promote_types(a, b)
+
+
+def _combine(higher, lower):
+    """c10::combine_categories: a lower-ranked group only matters when it is of a higher
+    category (bool < integer < floating < complex) than the higher-ranked one."""
+    if higher is None:
+        return lower
+    if lower is None:
+        return higher
+    if higher.is_complex:
+        return higher
+    if lower.is_complex:
+        return _COMPLEX_OF.get(higher, lower) if higher.is_floating_point else lower
+    if higher.is_floating_point:
+        return higher
+    if higher == torch.bool or lower.is_floating_point:
+        return torch.promote_types(higher, lower)
+    return higher
+
+
+def _result_torch_dtype(*xs) -> torch.dtype:
+    dims = zero_dim = numbers = None
     for x in xs:
-        if isinstance(x, (jax.Array, jax.core.Tracer)) or hasattr(x, "dtype"):
-            t = torch_dtype(x.dtype)
-            args.append(torch.empty((1,) * min(x.ndim, 1) if x.ndim else (), dtype=t, device="meta"))
+        if x is None:
+            continue
+        if _is_number(x):
+            numbers = _widen(numbers, _number_dtype(x))
+        elif jnp.ndim(x) == 0:
+            zero_dim = _widen(zero_dim, _runtime.torch_dtype(x.dtype))
         else:
-            args.append(x)
-    if len(args) == 1:
-        a = args[0]
-        return jax_dtype(a.dtype) if hasattr(a, "dtype") else None
-    res = args[0]
-    dt = None
-    for a in args[1:]:
-        dt = torch.result_type(res, a)
-        res = torch.empty((1,), dtype=dt, device="meta") if (
-            getattr(res, "ndim", 0) or getattr(a, "ndim", 0)) else torch.empty((), dtype=dt, device="meta")
-    return jax_dtype(dt)
+            dims = _widen(dims, _runtime.torch_dtype(x.dtype))
+    return _combine(dims, _combine(zero_dim, numbers))
+
+
+def _result_dtype(*xs):
+    """torch.result_type over any mix of jax arrays and Python numbers (None skipped), as a
+    JAX dtype."""
+    return _runtime.jax_dtype(_result_torch_dtype(*xs))
+
+
+_compute_dtype = _result_dtype  # the name other lowering modules import
 
 
 def _promote(*xs):
-    dt = _compute_dtype(*xs)
-    return [jnp.asarray(x, dt) if not hasattr(x, "dtype") else x.astype(dt) for x in xs]
+    """Every operand (array or Python number; None stays None) cast to torch's common dtype."""
+    dt = _result_dtype(*xs)
+    return [None if x is None else jnp.asarray(x).astype(dt) for x in xs]
+
+
+def _is_float(dt) -> bool:
+    return jnp.issubdtype(dt, jnp.inexact)
 
 
 def _floatify(x):
-    if jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.complexfloating):
-        return x
-    return x.astype(jnp.float32)
+    """Integer and bool arrays in the default float dtype (torch's int-to-float ops)."""
+    return x if _is_float(x.dtype) else x.astype(_default_float())
 
 
-def binary(*ops, float_out=False):
+def _opmath(dt):
+    """The dtype torch's kernels compute a dtype's math in: float32 for the 16-bit floats."""
+    return jnp.dtype(jnp.float32) if _is_float(dt) and jnp.finfo(dt).bits < 32 \
+        and not jnp.issubdtype(dt, jnp.complexfloating) else jnp.dtype(dt)
+
+
+def _like(scalar, x):
+    """A Scalar argument (alpha, value, weight, ...) in `x`'s dtype. torch converts these
+    straight to the opmath type, without rounding them to a 16-bit dtype first."""
+    return jnp.asarray(scalar).astype(x.dtype)
+
+
+def _operands(*xs, int_to_float=False, opmath=True, exact=()):
+    """Cast operands like TensorIterator: to the common dtype (the default float dtype for
+    int-to-float ops), then up to opmath. Indices in `exact` whose operand is zero-dim skip
+    the rounding to the common dtype: torch's CPU mul and div read a scalar second operand
+    at opmath precision (TensorIterator's original_scalar_value)."""
+    dt = _result_dtype(*xs)
+    if int_to_float and not _is_float(dt):
+        dt = _default_float()
+    math = _opmath(dt) if opmath else dt
+    out = []
+    for i, x in enumerate(xs):
+        if x is None:
+            out.append(None)
+        elif i in exact and jnp.ndim(x) == 0:
+            out.append(jnp.asarray(x).astype(math))
+        else:
+            out.append(jnp.asarray(x).astype(dt).astype(math))
+    return out
+
+
+def pointwise(*ops, operands=1, int_to_float=False, opmath=True, exact=()):
+    """Register `fn` for `ops`: its first `operands` arguments arrive promoted by torch's
+    rules (see `_operands`); the remaining arguments pass through unchanged."""
+
     def register(fn):
-        def lower(self, other, *args, **kwargs):
-            a, b = _promote(self, other)
-            if float_out:
-                a, b = _floatify(a), _floatify(b)
-            return fn(a, b, *args, **kwargs)
+        def lower(*args, **kwargs):
+            xs = _operands(*args[:operands], int_to_float=int_to_float, opmath=opmath,
+                           exact=exact)
+            return fn(*xs, *args[operands:], **kwargs)
 
+        lower.__name__ = lower.__qualname__ = getattr(fn, "__name__", "pointwise")
+        lower.__doc__ = fn.__doc__
         return lowering(*ops)(lower)
 
     return register
 
 
-def unary(*ops, float_out=False):
-    def register(fn):
-        def lower(self, *args, **kwargs):
-            x = jnp.asarray(self)
-            if float_out:
-                x = _floatify(x)
-            return fn(x, *args, **kwargs)
-
-        return lowering(*ops)(lower)
-
-    return register
+def _is_int(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.integer)
 
 
 # ---------------------------------------------------------------- arithmetic
-@binary(aten.add.Tensor, aten.add.Scalar)
-def _add(a, b, alpha=1):
-    return a + b * alpha if not (isinstance(alpha, int) and alpha == 1) else a + b
+def _add_or_sub(self, other, alpha, sign):
+    a, b = _operands(self, other)
+    if not (isinstance(alpha, int) and alpha == 1):
+        # torch rounds alpha to the common dtype, then multiply-adds in opmath
+        alpha = jnp.asarray(alpha).astype(_result_dtype(self, other)).astype(a.dtype)
+        b = alpha * b
+    return a + b if sign > 0 else a - b
 
 
-@binary(aten.sub.Tensor, aten.sub.Scalar)
-def _sub(a, b, alpha=1):
-    return a - b * alpha if not (isinstance(alpha, int) and alpha == 1) else a - b
+@lowering(aten.add.Tensor, aten.add.Scalar)
+def _add(self, other, alpha=1):
+    return _add_or_sub(self, other, alpha, 1)
 
 
-@binary(aten.rsub.Tensor, aten.rsub.Scalar)
-def _rsub(a, b, alpha=1):
-    return b - a * alpha
+@lowering(aten.sub.Tensor, aten.sub.Scalar)
+def _sub(self, other, alpha=1):
+    return _add_or_sub(self, other, alpha, -1)
 
 
-@binary(aten.mul.Tensor, aten.mul.Scalar)
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+def _rsub(self, other, alpha=1):
+    return _sub(other, self, alpha)  # torch computes rsub as sub(other, self)
+
+
+@pointwise(aten.mul.Tensor, aten.mul.Scalar, operands=2, exact=(1,))
 def _mul(a, b):
     return a * b
 
 
-@lowering(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
-def _div(self, other, rounding_mode=None):
-    a, b = _promote(self, other)
+@pointwise(aten.div.Tensor, aten.div.Scalar, operands=2, int_to_float=True, exact=(1,))
+def _true_div(a, b):
+    return a / b
+
+
+def _floor_div(a, b):
+    """Python's floor division, as torch's div_floor_integer / div_floor_floating."""
+    if not _is_float(a.dtype):
+        q = lax.div(a, b)  # truncates
+        return jnp.where((lax.rem(a, b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
+    mod = lax.rem(a, b)
+    div = (a - mod) / b
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = jnp.floor(div)
+    floor = jnp.where(div - floor > 0.5, floor + 1, floor)
+    result = jnp.where(div != 0, floor, jnp.copysign(jnp.zeros_like(div), a / b))
+    return jnp.where(b == 0, a / b, result)  # torch gives IEEE inf/nan for x // 0.0
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(self, other, *, rounding_mode=None):
     if rounding_mode is None:
-        a, b = _floatify(a), _floatify(b)
-        return a / b
+        return _true_div(self, other)
+    a, b = _operands(self, other)
     if rounding_mode == "trunc":
-        if jnp.issubdtype(a.dtype, jnp.integer):
-            return lax.div(a, b)
-        return jnp.trunc(a / b)
-    return jnp.floor_divide(a, b) if jnp.issubdtype(a.dtype, jnp.integer) else jnp.floor(a / b)
+        return lax.div(a, b) if not _is_float(a.dtype) else jnp.trunc(a / b)
+    return _floor_div(a, b)
+
+
+@pointwise(aten.floor_divide.default, aten.floor_divide.Scalar, operands=2)
+def _floor_divide(a, b):
+    return _floor_div(a, b)
+
+
+@pointwise(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor,
+           operands=2)
+def _remainder(a, b):
+    """Result has the divisor's sign (Python's %): C's fmod, shifted by b when signs differ."""
+    mod = lax.rem(a, b)
+    return jnp.where((mod != 0) & ((mod < 0) != (b < 0)), mod + b, mod)
+
+
+@pointwise(aten.fmod.Tensor, aten.fmod.Scalar, operands=2)
+def _fmod(a, b):
+    return lax.rem(a, b)  # C fmod / truncated integer remainder: the dividend's sign
+
+
+def _int_pow(base, exp):
+    """torch's powi: square-and-multiply that wraps on overflow; a negative exponent gives
+    1 for base 1, +-1 for base -1 and 0 otherwise (integer 1 / base**|e|)."""
+    base, exp = jnp.broadcast_arrays(base, exp)
+
+    def step(_, carry):
+        acc, b, e = carry
+        return jnp.where((e & 1) == 1, acc * b, acc), b * b, e >> 1
+
+    bits = jnp.iinfo(exp.dtype).bits
+    acc, _, _ = lax.fori_loop(0, bits, step, (jnp.ones_like(base), base, jnp.maximum(exp, 0)))
+    if not jnp.issubdtype(exp.dtype, jnp.signedinteger):
+        return acc
+    one = jnp.ones_like(base)
+    negative = jnp.where(base == 1, one,
+                         jnp.where(base == -1, jnp.where(exp % 2 == 0, one, -one), 0 * one))
+    return jnp.where(exp < 0, negative, acc)
+
+
+@pointwise(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, operands=2)
+def _pow(base, exp):
+    if base.dtype == jnp.bool_:
+        return _int_pow(base.astype(jnp.int64), exp.astype(jnp.int64))
+    if _is_int(base):
+        return _int_pow(base, exp)
+    return lax.pow(base, exp)
+
+
+@pointwise(aten.maximum.default, operands=2)
+def _maximum(a, b):
+    return jnp.maximum(a, b)  # propagates NaN, as torch
+
+
+@pointwise(aten.minimum.default, operands=2)
+def _minimum(a, b):
+    return jnp.minimum(a, b)
+
+
+@pointwise(aten.fmax.default, operands=2)
+def _fmax(a, b):
+    return jnp.fmax(a, b)  # ignores NaN
+
+
+@pointwise(aten.fmin.default, operands=2)
+def _fmin(a, b):
+    return jnp.fmin(a, b)
+
+
+def _xlog(log):
+    def fn(x, y):
+        # torch: NaN if y is NaN, else 0 where x == 0 (even where log(y) is inf or NaN)
+        out = jnp.where(x == 0, jnp.zeros_like(x), x * log(y))
+        return jnp.where(jnp.isnan(y), y, out)
+
+    return fn
+
+
+# binary ops computing in floating point: int and bool operands promote to the default dtype
+_FLOAT_BINARY = [
+    ([aten.atan2.default], jnp.arctan2),
+    ([aten.hypot.default], jnp.hypot),
+    ([aten.copysign.Tensor, aten.copysign.Scalar], jnp.copysign),
+    ([aten.logaddexp.default], jnp.logaddexp),
+    ([aten.logaddexp2.default], jnp.logaddexp2),
+    ([aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other], _xlog(jnp.log)),
+    ([aten.special_xlog1py.default, aten.special_xlog1py.self_scalar,
+      aten.special_xlog1py.other_scalar], _xlog(jnp.log1p)),
+    ([aten.special_zeta.default, aten.special_zeta.self_scalar,
+      aten.special_zeta.other_scalar], jsp.zeta),
+    ([aten.igamma.default], jsp.gammainc),
+    ([aten.igammac.default], jsp.gammaincc),
+    ([aten.ldexp.Tensor], lambda x, e: x * jnp.exp2(e)),
+]
+for _ops, _fn in _FLOAT_BINARY:
+    pointwise(*_ops, operands=2, int_to_float=True)(_fn)
+
+
+@pointwise(aten.nextafter.default, operands=2, opmath=False)
+def _nextafter(a, b):
+    return jnp.nextafter(a, b)  # steps on the operands' own grid, so no float32 opmath
+
+
+@pointwise(aten.heaviside.default, operands=2)
+def _heaviside(x, values):
+    return jnp.where(x == 0, values, (x > 0).astype(x.dtype))
+
+
+@pointwise(aten.gcd.default, operands=2)
+def _gcd(a, b):
+    return jnp.gcd(a, b)
+
+
+@pointwise(aten.lcm.default, operands=2)
+def _lcm(a, b):
+    return jnp.lcm(a, b)
+
+
+# ---------------------------------------------------------------- unary math
+def _keep_ints(fn):
+    """Rounding ops are the identity on integer and bool tensors."""
+    return lambda x: fn(x) if _is_float(x.dtype) else x
+
+
+def _digamma(x):
+    # torch: digamma(+-0) = -+inf, NaN at the negative integers (the poles)
+    pole = (x < 0) & (x == jnp.floor(x))
+    out = jnp.where(pole, jnp.nan, jsp.digamma(x))
+    return jnp.where(x == 0, jnp.copysign(jnp.full_like(x, jnp.inf), -x), out)
+
+
+def _sign(x):
+    if x.dtype == jnp.bool_:
+        return x
+    # torch computes (0 < x) - (x < 0): sign(NaN) and sign(-0.0) are +0
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def _sgn(x):
+    if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return _sign(x)
+    mag = jnp.abs(x)
+    return jnp.where(mag == 0, jnp.zeros_like(x), x / mag.astype(x.dtype))
+
+
+def _angle(x):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.angle(x)
+    # torch: pi for negative reals, 0 otherwise, NaN stays NaN
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0.0).astype(x.dtype))
+
+
+def _entr(x):
+    out = jnp.where(x == 0, jnp.zeros_like(x), -x * jnp.log(x))
+    return jnp.where(x < 0, -jnp.inf, out)
+
+
+# int and bool inputs compute in the default float dtype (torch's INT_TO_FLOAT ops)
+_FLOAT_UNARY = {
+    aten.exp.default: jnp.exp,
+    aten.exp2.default: jnp.exp2,
+    aten.expm1.default: jnp.expm1,
+    aten.log.default: jnp.log,
+    aten.log2.default: jnp.log2,
+    aten.log10.default: jnp.log10,
+    aten.log1p.default: jnp.log1p,
+    aten.sqrt.default: jnp.sqrt,
+    aten.rsqrt.default: lax.rsqrt,
+    aten.reciprocal.default: lambda x: 1 / x,
+    aten.sin.default: jnp.sin,
+    aten.cos.default: jnp.cos,
+    aten.tan.default: jnp.tan,
+    aten.asin.default: jnp.arcsin,
+    aten.acos.default: jnp.arccos,
+    aten.atan.default: jnp.arctan,
+    aten.sinh.default: jnp.sinh,
+    aten.cosh.default: jnp.cosh,
+    aten.tanh.default: jnp.tanh,
+    aten.asinh.default: jnp.arcsinh,
+    aten.acosh.default: jnp.arccosh,
+    aten.atanh.default: jnp.arctanh,
+    aten.sigmoid.default: jax.nn.sigmoid,
+    aten.erf.default: lax.erf,
+    aten.erfc.default: lax.erfc,
+    aten.erfinv.default: lax.erf_inv,
+    aten.lgamma.default: lax.lgamma,
+    aten.digamma.default: _digamma,
+    aten.i0.default: jsp.i0,
+    aten.special_i0e.default: jsp.i0e,
+    aten.special_i1.default: jsp.i1,
+    aten.special_i1e.default: jsp.i1e,
+    aten.special_ndtri.default: jsp.ndtri,
+    aten.special_log_ndtr.default: jsp.log_ndtr,
+    aten.special_erfcx.default: jsp.erfcx,
+    aten.special_entr.default: _entr,
+    aten.sinc.default: jnp.sinc,
+    aten.angle.default: _angle,
+}
+# the result keeps the input's dtype
+_SAME_UNARY = {
+    aten.abs.default: lambda x: x if x.dtype == jnp.bool_ else jnp.abs(x),
+    aten.neg.default: jnp.negative,
+    aten.sign.default: _sign,
+    aten.sgn.default: _sgn,
+    aten.floor.default: _keep_ints(jnp.floor),
+    aten.ceil.default: _keep_ints(jnp.ceil),
+    aten.trunc.default: _keep_ints(jnp.trunc),
+    aten.round.default: _keep_ints(jnp.round),  # half to even, as torch's nearbyint
+    aten.frac.default: lambda x: x - jnp.trunc(x),
+    aten.bitwise_not.default: jnp.invert,
+    aten.isnan.default: jnp.isnan,
+    aten.isinf.default: jnp.isinf,
+    aten.isposinf.default: jnp.isposinf,
+    aten.isneginf.default: jnp.isneginf,
+    aten.logical_not.default: lambda x: x == 0,
+}
+for _op, _fn in _FLOAT_UNARY.items():
+    pointwise(_op, int_to_float=True)(_fn)
+for _op, _fn in _SAME_UNARY.items():
+    pointwise(_op)(_fn)
+
+
+@pointwise(aten.signbit.default, opmath=False)
+def _signbit(x):
+    return jnp.signbit(x) if _is_float(x.dtype) else x < 0
+
+
+@pointwise(aten.round.decimals)
+def _round_decimals(x, *, decimals=0):
+    if not _is_float(x.dtype):
+        return x
+    scale = jnp.asarray(10.0 ** abs(decimals), x.dtype)
+    if decimals >= 0:
+        return jnp.round(x * scale) / scale
+    return jnp.round(x / scale) * scale
+
+
+@pointwise(aten.nan_to_num.default, opmath=False)
+def _nan_to_num(x, nan=None, posinf=None, neginf=None):
+    if not _is_float(x.dtype):
+        return x
+    # defaults are the largest finite values of the tensor's own dtype, hence no opmath
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+@lowering(aten.polygamma.default)
+def _polygamma(n, self):
+    (x,) = _operands(self, int_to_float=True)
+    if n == 0:
+        return _digamma(x)
+    return jsp.polygamma(n, x)
+
+
+@pointwise(aten.mvlgamma.default, int_to_float=True)
+def _mvlgamma(x, p):
+    return jsp.multigammaln(x, p)
+
+
+@lowering(aten.frexp.Tensor)
+def _frexp(self):
+    mantissa, exponent = jnp.frexp(self)
+    return mantissa, exponent.astype(jnp.int32)
+
+
+# ---------------------------------------------------------------- comparisons, logic, bits
+_COMPARISONS = {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less,
+                "le": jnp.less_equal, "gt": jnp.greater, "ge": jnp.greater_equal}
+for _name, _fn in _COMPARISONS.items():
+    _packet = getattr(aten, _name)
+    # compared in the common dtype: a bf16 tensor against 1.1 sees 1.1 rounded to bf16
+    pointwise(_packet.Tensor, _packet.Scalar, operands=2, opmath=False)(_fn)
+
+
+def _logical(fn):
+    # any dtype; nonzero is True, so no promotion between the operands
+    return lambda self, other: fn(jnp.asarray(self) != 0, jnp.asarray(other) != 0)
+
+
+lowering(aten.logical_and.default)(_logical(jnp.logical_and))
+lowering(aten.logical_or.default)(_logical(jnp.logical_or))
+lowering(aten.logical_xor.default)(_logical(jnp.logical_xor))
+
+for _name, _fn in [("bitwise_and", jnp.bitwise_and), ("bitwise_or", jnp.bitwise_or),
+                   ("bitwise_xor", jnp.bitwise_xor)]:
+    _packet = getattr(aten, _name)
+    pointwise(_packet.Tensor, _packet.Scalar, _packet.Scalar_Tensor, operands=2)(_fn)
+
+
+# XLA's shifts already give torch's results for amounts < 0 or >= the bit width: left
+# shifts give 0, right shifts fill with the sign bit (arithmetic) or zeros (unsigned).
+@pointwise(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+           aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor,
+           aten.__lshift__.Scalar, operands=2)
+def _shift_left(a, b):
+    return lax.shift_left(a, b)
+
+
+@pointwise(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+           aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor,
+           aten.__rshift__.Scalar, operands=2)
+def _shift_right(a, b):
+    if jnp.issubdtype(a.dtype, jnp.signedinteger):
+        return lax.shift_right_arithmetic(a, b)
+    return lax.shift_right_logical(a, b)
+
+
+# ---------------------------------------------------------------- selection and fused ops
+@lowering(aten.where.self)
+def _where(condition, self, other):
+    a, b = _promote(self, other)
+    return jnp.where(jnp.asarray(condition).astype(jnp.bool_), a, b)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(self, mask, value):
+    # no promotion: the value is converted to self's dtype (a float into ints truncates)
+    return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)
+
+
+def _clamp(x, lo=None, hi=None):
+    # max then min, both NaN-propagating: when lo > hi every element becomes hi, as torch
+    if lo is not None:
+        x = jnp.maximum(x, lo)
+    if hi is not None:
+        x = jnp.minimum(x, hi)
+    return x
+
+
+pointwise(aten.clamp.default, aten.clamp.Tensor, operands=3)(_clamp)
+pointwise(aten.clamp_min.default, aten.clamp_min.Tensor, operands=2)(jnp.maximum)
+pointwise(aten.clamp_max.default, aten.clamp_max.Tensor, operands=2)(jnp.minimum)
+
+
+def _lerp(start, end, weight):
+    w = _like(weight, start)
+    # torch's two-sided formula: exact at weight 0 and at weight 1
+    small = jnp.abs(w) < 0.5
+    return jnp.where(small, start + w * (end - start), end - (end - start) * (1 - w))
+
+
+pointwise(aten.lerp.Scalar, operands=2)(_lerp)
+pointwise(aten.lerp.Tensor, operands=3)(_lerp)
+
+
+@pointwise(aten.addcmul.default, operands=3)
+def _addcmul(self, tensor1, tensor2, value=1):
+    return self + _like(value, self) * tensor1 * tensor2
+
+
+@pointwise(aten.addcdiv.default, operands=3)
+def _addcdiv(self, tensor1, tensor2, value=1):
+    return self + _like(value, self) * tensor1 / tensor2
+
+
+# The activations and the _foreach_* ops build on the helpers above; importing them here
+# registers their lowerings along with this module's.
+from . import activation, foreach  # noqa: E402,F401

@@ -59,9 +59,26 @@ def _constant_pad_nd(self, pad, value=0):
     return lax.pad(self, jnp.asarray(value).astype(self.dtype), config)
 
 
-def _mode_pad(mode):
+def _reflect_index(k, n):
+    k = np.abs(k)  # reflection excludes the edge: -1 -> 1, n -> n - 2
+    return np.where(k >= n, 2 * (n - 1) - k, k)
+
+
+def _replicate_index(k, n):
+    return np.clip(k, 0, n - 1)
+
+
+def _mode_pad(source_index):
+    """A pad that reads, for output position j of each padded dim, input position
+    source_index(j - before, n): torch's formula, negative widths (crops) included."""
+
     def pad(self, padding):
-        return jnp.pad(self, _pad_config(self.ndim, padding), mode=mode)
+        for d, (lo, hi) in enumerate(_pad_config(self.ndim, padding)):
+            if lo or hi:
+                n = self.shape[d]
+                index = source_index(np.arange(n + lo + hi) - lo, n)
+                self = jnp.take(self, index, axis=d)
+        return self
 
     return pad
 
@@ -75,9 +92,8 @@ def _mode_pad_backward(forward):
     return backward
 
 
-# numpy's "reflect" excludes the edge, like torch's reflection pad; "edge" is replication
-_reflect = _mode_pad("reflect")
-_replicate = _mode_pad("edge")
+_reflect = _mode_pad(_reflect_index)
+_replicate = _mode_pad(_replicate_index)
 lowering(aten.reflection_pad1d.default, aten.reflection_pad2d.default,
          aten.reflection_pad3d.default)(_reflect)
 lowering(aten.replication_pad1d.default, aten.replication_pad2d.default,
