@@ -12,7 +12,7 @@ import torch
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import _C  # noqa: E402  (the C++ piece: allocator, generator, guard, hooks)
-from . import _runtime  # noqa: E402
+from . import _runtime, _storage  # noqa: E402
 
 _DEFAULT_GENERATOR = _C.default_generator()
 
@@ -244,6 +244,7 @@ def register() -> types.ModuleType:
     sys.modules["torch.tpu"] = mod
     _C.set_sync_callback(synchronize)
     _print_from_host()
+    _storage.install_file_io()
     # Module.to("tpu") must keep tied weights tied (lm_head.weight is embed_tokens.weight):
     # cpu and tpu tensors are not shallow-copy compatible, so without swapping, _apply
     # makes a new Parameter per module.

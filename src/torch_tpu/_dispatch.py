@@ -149,12 +149,9 @@ def copy_(self, src, non_blocking=False):
             if src.shape == self.shape and src.dtype == self.dtype and _covers_storage(self):
                 metrics.count("host_to_device")
                 _storage.set_buffer(self.untyped_storage(), _runtime.to_device(src.contiguous()))
-                _storage.share_with_owner(self.untyped_storage())
                 return self
             src = _upload(src)
-        run(torch.ops.aten.copy_.default, (self, src, non_blocking), {})
-        _storage.share_with_owner(self.untyped_storage())
-        return self
+        return run(torch.ops.aten.copy_.default, (self, src, non_blocking), {})
     # tpu -> cpu
     self.copy_(to_cpu(src))
     return self

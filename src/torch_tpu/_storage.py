@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 
 import jax
 import jax.numpy as jnp
@@ -21,11 +20,6 @@ from . import _runtime
 
 ATTR = "_xla"
 
-# data_ptr -> storage object, for storages torch rebuilds around an existing address
-# (at::from_blob in torch.save's legacy writer and pickle): they share the address, not
-# the StorageImpl, so they find their buffer here.
-_BY_PTR: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
-
 
 def buffer(storage, dtype):
     """The storage's flat buffer; a fresh storage gets zeros (torch.empty's memory is
@@ -33,12 +27,6 @@ def buffer(storage, dtype):
     buf = getattr(storage, ATTR, None)
     if buf is not None and buf.size * buf.dtype.itemsize >= storage.nbytes():
         return buf
-    if buf is None:
-        owner = _BY_PTR.get(storage.data_ptr())
-        if owner is not None and owner is not storage:
-            buf = getattr(owner, ATTR, None)
-            if buf is not None and buf.size * buf.dtype.itemsize >= storage.nbytes():
-                return buf
     jdt = _runtime.jax_dtype(dtype) if buf is None else buf.dtype
     n = storage.nbytes() // jdt.itemsize
     buf = _zeros(n, jdt) if buf is None else _pad(buf, n)
@@ -66,17 +54,34 @@ def _pad(buf, n):
 
 
 def set_buffer(storage, buf):
-    if getattr(storage, ATTR, None) is None:
-        _BY_PTR.setdefault(storage.data_ptr(), storage)
     setattr(storage, ATTR, buf)
 
 
-def share_with_owner(storage) -> None:
-    """After a write through a storage torch rebuilt around an existing address (torch.load's
-    legacy reader copies into `at::from_blob(data_ptr)`), give the owning storage the bytes."""
-    owner = _BY_PTR.get(storage.data_ptr())
-    if owner is not None and owner is not storage:
-        setattr(owner, ATTR, getattr(storage, ATTR))
+def install_file_io() -> None:
+    """torch.save's legacy writer (also used by pickle) and its reader move a device
+    storage's bytes through `at::from_blob(storage.data_ptr())`: a second storage at the
+    same address that does not share our buffer attribute. Route tpu storages through a
+    host copy instead."""
+    import torch
+
+    write_file = torch.UntypedStorage._write_file
+    set_from_file = torch.UntypedStorage._set_from_file
+
+    def _write_file(self, *args, **kwargs):
+        if self.device.type == "tpu":
+            self = self.cpu()
+        return write_file(self, *args, **kwargs)
+
+    def _set_from_file(self, *args, **kwargs):
+        if self.device.type != "tpu":
+            return set_from_file(self, *args, **kwargs)
+        host = torch.UntypedStorage(self.nbytes())
+        result = set_from_file(host, *args, **kwargs)
+        self.copy_(host)
+        return result
+
+    torch.UntypedStorage._write_file = _write_file
+    torch.UntypedStorage._set_from_file = _set_from_file
 
 
 def has_buffer(storage) -> bool:

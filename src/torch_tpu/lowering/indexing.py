@@ -29,9 +29,12 @@ def _is_mask(i):
 
 
 def _accumulate_dtype(dtype):
-    """Sums of low-precision floats accumulate in float32, then round once."""
+    """Sums of low-precision floats accumulate in float32, then round once; bool sums
+    accumulate as integers (torch's bool add is a logical or: nonzero -> True)."""
     if dtype in (jnp.bfloat16, jnp.float16):
         return jnp.float32
+    if dtype == jnp.bool_:
+        return jnp.int64
     return dtype
 
 
@@ -156,6 +159,8 @@ def _leading_block(x, shape):
 def _gather(self, dim, index, sparse_grad=False):
     if self.ndim == 0:
         return jnp.broadcast_to(self, index.shape)
+    if index.size == 0:  # torch skips its shape checks for an empty index
+        return jnp.zeros(index.shape, self.dtype)
     dim = _dim(dim, self.ndim)
     # index may be smaller than self in the other dims: torch reads self's leading corner
     shape = tuple(s if d == dim else index.shape[d] for d, s in enumerate(self.shape))
@@ -174,8 +179,7 @@ def _reduce_into(self, where, src, reduce, include_self=True):
     torch's scatter_reduce/index_reduce do it: include_self=False drops self's values at
     the positions that receive something; mean divides by the count of contributions."""
     dtype = self.dtype
-    is_bool = dtype == jnp.bool_
-    acc = jnp.int64 if is_bool else _accumulate_dtype(dtype)
+    acc = _accumulate_dtype(dtype)
     x, src = self.astype(acc), src.astype(acc)
     hit = None
     if not include_self:
@@ -197,8 +201,6 @@ def _reduce_into(self, where, src, reduce, include_self=True):
         count = count.at[where].add(1)
         count = jnp.where(count == 0, 1, count)
         out = out // count if jnp.issubdtype(acc, jnp.integer) else out / count
-    if is_bool:
-        return out != 0
     return out.astype(dtype)
 
 
@@ -317,7 +319,9 @@ def _put(self, index, source, accumulate=False):
 
 @lowering(aten.masked_scatter.default)
 def _masked_scatter(self, mask, source):
-    mask = jnp.broadcast_to(mask.astype(jnp.bool_), self.shape)
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)  # the result broadcasts both
+    self = jnp.broadcast_to(self, shape)
+    mask = jnp.broadcast_to(mask.astype(jnp.bool_), shape)
     flat_mask = mask.reshape(-1)
     # the k-th True position takes source's k-th element (row-major order)
     rank = jnp.clip(jnp.cumsum(flat_mask) - 1, 0, max(source.size - 1, 0))

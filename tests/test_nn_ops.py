@@ -1,0 +1,255 @@
+"""nn, normalization, loss, convolution, pooling and upsampling ops on tpu against CPU:
+forward values and autograd gradients, plus a small CNN and an MLP trained on both."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+aten = torch.ops.aten
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=_gen(seed))
+
+
+def randint(high, shape, seed=0):
+    return torch.randint(0, high, shape, generator=_gen(seed))
+
+
+def probs(*shape, seed=0):
+    return torch.rand(*shape, generator=_gen(seed)) * 0.9 + 0.05
+
+
+class Case:
+    """fn(*inputs) on tpu against CPU. Float inputs listed in `diff` (default: all float
+    inputs) get gradients, checked through autograd with a random cotangent."""
+
+    def __init__(self, name, fn, *inputs, diff=None, bf16=False):
+        self.name, self.fn, self.inputs, self.diff, self.bf16 = name, fn, inputs, diff, bf16
+
+
+CASES = [
+    # softmax
+    Case("softmax", lambda x: F.softmax(x, 1), randn(4, 7), bf16=True),
+    Case("log_softmax", lambda x: F.log_softmax(x, -1), randn(2, 3, 5), bf16=True),
+    Case("softmax_dim0", lambda x: F.softmax(x, 0), randn(3, 4)),
+    Case("sdpa_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+         randn(1, 2, 4, 8, seed=1), randn(1, 2, 4, 8, seed=2), randn(1, 2, 4, 8, seed=3)),
+    # normalization
+    Case("layer_norm", lambda x, w, b: F.layer_norm(x, (5,), w, b),
+         randn(3, 4, 5), randn(5, seed=1), randn(5, seed=2), bf16=True),
+    Case("layer_norm_2d_no_affine", lambda x: F.layer_norm(x, (3, 5)), randn(2, 3, 5)),
+    Case("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b),
+         randn(2, 4, 3, 3), randn(4, seed=1), randn(4, seed=2), bf16=True),
+    Case("group_norm_no_affine", lambda x: F.group_norm(x, 3, eps=1e-3), randn(2, 6, 5)),
+    Case("batch_norm_train_no_stats",
+         lambda x, w, b: aten._native_batch_norm_legit(x, w, b, True, 0.1, 1e-5)[0],
+         randn(4, 3, 2, 2), randn(3, seed=1), randn(3, seed=2)),
+    Case("batch_norm_eval",
+         lambda x, w, b, m, v: aten._native_batch_norm_legit_no_training(x, w, b, m, v, 0.1,
+                                                                         1e-5)[0],
+         randn(4, 3, 5), randn(3, seed=1), randn(3, seed=2), randn(3, seed=3), probs(3),
+         diff=(0, 1, 2)),
+    # losses
+    Case("cross_entropy", lambda x, t: F.cross_entropy(x, t), randn(5, 7), randint(7, (5,)),
+         bf16=True),
+    Case("cross_entropy_weight_ignore",
+         lambda x, t, w: F.cross_entropy(x, t, w, ignore_index=2),
+         randn(6, 4), randint(4, (6,)), probs(4), diff=(0,)),
+    Case("cross_entropy_2d_sum", lambda x, t: F.cross_entropy(x, t, reduction="sum"),
+         randn(2, 3, 4, 4), randint(3, (2, 4, 4))),
+    Case("nll_loss_none_weight", lambda x, t, w: F.nll_loss(x, t, w, reduction="none"),
+         randn(5, 4), randint(4, (5,)), probs(4), diff=(0,)),
+    Case("nll_loss_unbatched", lambda x, t: F.nll_loss(x, t), randn(6), torch.tensor(3)),
+    Case("mse_loss", lambda x, y: F.mse_loss(x, y), randn(3, 5), randn(3, 5, seed=1)),
+    Case("mse_loss_none", lambda x, y: F.mse_loss(x, y, reduction="none"), randn(4),
+         randn(4, seed=1)),
+    Case("smooth_l1_loss", lambda x, y: F.smooth_l1_loss(x, y, beta=0.5), randn(3, 5),
+         randn(3, 5, seed=1)),
+    Case("huber_loss_sum", lambda x, y: F.huber_loss(x, y, reduction="sum", delta=0.7),
+         randn(3, 5), randn(3, 5, seed=1)),
+    Case("l1_loss", lambda x, y: F.l1_loss(x, y), randn(3, 5), randn(3, 5, seed=1)),
+    Case("binary_cross_entropy", lambda x, y, w: F.binary_cross_entropy(x, y, w),
+         probs(3, 5), probs(3, 5, seed=1), probs(5, seed=2), diff=(0,)),
+    Case("bce_with_logits", lambda x, y, w, pw: F.binary_cross_entropy_with_logits(
+        x, y, w, pos_weight=pw), randn(3, 5), probs(3, 5, seed=1), probs(5, seed=2),
+        probs(5, seed=3), diff=(0,)),
+    # embedding, glu
+    Case("embedding_padding_idx", lambda w, i: F.embedding(i, w, padding_idx=1),
+         randn(6, 3), torch.tensor([[0, 1, 5], [2, 2, 1]]), bf16=True),
+    Case("embedding_scale_grad_by_freq", lambda w, i: F.embedding(i, w, scale_grad_by_freq=True),
+         randn(5, 4), torch.tensor([0, 3, 3, 4, 3])),
+    Case("glu", lambda x: F.glu(x, 1), randn(3, 6)),
+    # convolution
+    Case("conv1d_stride_groups", lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1, groups=2),
+         randn(2, 4, 9), randn(6, 2, 3, seed=1), randn(6, seed=2)),
+    Case("conv2d", lambda x, w, b: F.conv2d(x, w, b, stride=(1, 2), padding=(1, 0),
+                                            dilation=(2, 1)),
+         randn(2, 3, 7, 8), randn(4, 3, 3, 2, seed=1), randn(4, seed=2), bf16=True),
+    Case("conv2d_depthwise_no_bias", lambda x, w: F.conv2d(x, w, padding="same", groups=4),
+         randn(1, 4, 5, 5), randn(4, 1, 3, 3, seed=1)),
+    Case("conv3d", lambda x, w: F.conv3d(x, w, stride=(1, 2, 1), padding=1),
+         randn(1, 2, 4, 5, 5), randn(3, 2, 2, 3, 3, seed=1)),
+    Case("conv_transpose1d", lambda x, w: F.conv_transpose1d(x, w, stride=3, padding=2,
+                                                             output_padding=2),
+         randn(2, 4, 7), randn(4, 3, 3, seed=1)),
+    Case("conv_transpose2d_groups", lambda x, w, b: F.conv_transpose2d(
+        x, w, b, stride=(2, 1), padding=(0, 1), output_padding=(1, 0), groups=2,
+        dilation=(2, 1)),
+        randn(2, 4, 5, 6), randn(4, 2, 3, 2, seed=1), randn(4, seed=2), bf16=True),
+    # pooling
+    Case("max_pool2d_ceil", lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True), randn(2, 3, 7, 8),
+         bf16=True),
+    Case("max_pool2d_dilation", lambda x: F.max_pool2d(x, (3, 2), (2, 1), (1, 0), dilation=(2, 1)),
+         randn(1, 2, 9, 6)),
+    Case("max_pool1d", lambda x: F.max_pool1d(x, 2), randn(2, 3, 9)),
+    Case("max_pool3d", lambda x: F.max_pool3d(x, (2, 3, 2), (2, 2, 1), (1, 1, 0), ceil_mode=True),
+         randn(1, 2, 5, 6, 5)),
+    Case("avg_pool2d", lambda x: F.avg_pool2d(x, 3, 2, 1), randn(2, 3, 7, 8), bf16=True),
+    Case("avg_pool2d_exclude_pad_ceil",
+         lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+         randn(2, 3, 7, 8)),
+    Case("avg_pool2d_divisor", lambda x: F.avg_pool2d(x, (3, 2), 2, 1, divisor_override=5),
+         randn(1, 2, 6, 6)),
+    Case("avg_pool1d", lambda x: F.avg_pool1d(x, 3, 2), randn(2, 3, 9)),
+    Case("avg_pool3d", lambda x: F.avg_pool3d(x, 2, (2, 2, 1), 1, ceil_mode=True),
+         randn(1, 2, 5, 6, 5)),
+    Case("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (3, 5)), randn(2, 3, 7, 8)),
+    Case("adaptive_avg_pool3d", lambda x: F.adaptive_avg_pool3d(x, (2, 3, 4)),
+         randn(1, 2, 5, 6, 5)),
+    Case("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (3, 5)), randn(2, 3, 7, 8)),
+    # upsampling
+    Case("interpolate_nearest_x2", lambda x: F.interpolate(x, scale_factor=2), randn(1, 2, 3, 4)),
+    Case("interpolate_nearest_size", lambda x: F.interpolate(x, size=(7, 3)), randn(1, 2, 5, 6)),
+    Case("interpolate_nearest_exact", lambda x: F.interpolate(x, scale_factor=1.7,
+                                                              mode="nearest-exact"),
+         randn(1, 2, 5, 6)),
+    Case("interpolate_bilinear", lambda x: F.interpolate(x, size=(7, 13), mode="bilinear"),
+         randn(2, 3, 5, 6), bf16=True),
+    Case("interpolate_bilinear_align_corners",
+         lambda x: F.interpolate(x, scale_factor=(1.5, 0.6), mode="bilinear", align_corners=True),
+         randn(2, 3, 5, 6)),
+    Case("interpolate_linear", lambda x: F.interpolate(x, scale_factor=2.5, mode="linear"),
+         randn(2, 3, 7)),
+]
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=5e-2, rtol=3e-2)}
+
+
+def _run(case, dtype, device):
+    inputs, wrt = [], []
+    for i, x in enumerate(case.inputs):
+        x = x.to(dtype) if x.is_floating_point() else x
+        x = x.to(device)
+        if x.is_floating_point() and (case.diff is None or i in case.diff):
+            x.requires_grad_()
+            wrt.append(x)
+        inputs.append(x)
+    out = case.fn(*inputs)
+    cot = torch.randn(out.shape, generator=_gen(7)).to(dtype).to(device)
+    grads = torch.autograd.grad(out, wrt, cot) if wrt else ()
+    return [out, *grads]
+
+
+PARAMS = [pytest.param(case, torch.float32, id=f"{case.name}-f32") for case in CASES] + [
+    pytest.param(case, torch.bfloat16, id=f"{case.name}-bf16") for case in CASES if case.bf16]
+
+
+@pytest.mark.parametrize("case,dtype", PARAMS)
+def test_op_forward_backward(case, dtype):
+    expected = _run(case, dtype, "cpu")
+    got = _run(case, dtype, "tpu")
+    for g, e in zip(got, expected):
+        assert g.device.type == "tpu"
+        torch.testing.assert_close(g.cpu(), e, **TOL[dtype])
+
+
+def test_batch_norm_updates_running_stats():
+    x, w, b = randn(4, 3, 5), randn(3, seed=1), randn(3, seed=2)
+    results = {}
+    for device in ("cpu", "tpu"):
+        mean, var = torch.zeros(3, device=device), torch.ones(3, device=device)
+        out = aten._native_batch_norm_legit(x.to(device), w.to(device), b.to(device), mean, var,
+                                            True, 0.1, 1e-5)
+        results[device] = [out[0], mean, var]
+    for g, e in zip(results["tpu"], results["cpu"]):
+        torch.testing.assert_close(g.cpu(), e, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_batch_norm_module(train):
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(3).train(train)
+    bn.running_mean.normal_()
+    x = randn(4, 3, 2, 2)
+    bn_tpu = copy.deepcopy(bn).to("tpu")
+    expected, got = bn(x), bn_tpu(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), expected, **TOL[torch.float32])
+    torch.testing.assert_close(bn_tpu.running_mean.cpu(), bn.running_mean)
+    torch.testing.assert_close(bn_tpu.running_var.cpu(), bn.running_var)
+
+
+def test_dropout_mask_and_gradient():
+    x = torch.ones(4000, device="tpu", requires_grad=True)
+    out = F.dropout(x, p=0.25, training=True)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    out, grad = out.cpu(), grad.cpu()
+    kept = out != 0
+    assert 0.7 < kept.float().mean().item() < 0.8
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / 0.75))
+    torch.testing.assert_close(grad, out)  # d(x * mask * scale)/dx = mask * scale
+
+
+def test_dropout_seeded_and_eval():
+    x = randn(64).to("tpu")
+    torch.manual_seed(3)
+    a = F.dropout(x, 0.5).cpu()
+    torch.manual_seed(3)
+    b = F.dropout(x, 0.5).cpu()
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(F.dropout(x, 0.5, training=False).cpu(), x.cpu())
+
+
+def _train(model, device, steps=3):
+    model = model.to(device).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        x = randn(4, 3, 8, 8, seed=10 + step).to(device)
+        y = randint(10, (4,), seed=20 + step).to(device)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_tiny_cnn_sgd_parity():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3, stride=2, bias=False), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
+    cpu_model = copy.deepcopy(model)
+    cpu_losses = _train(cpu_model, "cpu")
+    tpu_losses = _train(model, "tpu")
+    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses),
+                               atol=1e-5, rtol=1e-4)
+    for (name, got), expected in zip(model.state_dict().items(), cpu_model.state_dict().values()):
+        torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_mlp_with_dropout_eval():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(16, 3)).eval()
+    x = randn(5, 6)
+    expected = model(x)
+    got = copy.deepcopy(model).to("tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-4)
