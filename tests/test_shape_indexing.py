@@ -62,10 +62,13 @@ def _as_int(v):
 
 
 class Case:
-    """fn(*inputs) on tpu against CPU; `grad` checks autograd through the float inputs."""
+    """fn(*inputs) on tpu against CPU, in float32 and int64 (`ints=False`: float only),
+    plus bfloat16 where rounding matters (`bf16`); `grad` checks autograd through the float
+    inputs."""
 
-    def __init__(self, name, fn, *inputs, grad=False, ints=True):
-        self.name, self.fn, self.inputs, self.grad, self.ints = name, fn, inputs, grad, ints
+    def __init__(self, name, fn, *inputs, grad=False, ints=True, bf16=False):
+        self.name, self.fn, self.inputs, self.grad = name, fn, inputs, grad
+        self.dtypes = [torch.float32] + [torch.bfloat16] * bf16 + [torch.int64] * ints
 
     def __repr__(self):
         return self.name
@@ -96,15 +99,15 @@ GIDX = randint(0, 5, (4, 3), seed=4)
 
 CASES = [
     # ------------------------------------------------ cat / pads / reorder
-    Case("cat", lambda a, b: torch.cat([a, b], 1), randn(3, 2), randn(3, 4, seed=1), grad=True),
-    Case("cat_neg_dim_skip_empty", lambda a, b: torch.cat([a, torch.zeros(0), b], -2),
+    Case("cat", lambda a, b: torch.cat([a, b], 1), randn(3, 2), randn(3, 4, seed=1), grad=True, bf16=True),
+    Case("cat_neg_dim_skip_empty", lambda a, b: torch.cat([a, a.new_zeros(0), b], -2),
          randn(2, 3), randn(1, 3, seed=1), grad=True),
     Case("stack", lambda a, b: torch.stack([a, b], 2), randn(3, 2), randn(3, 2, seed=1), grad=True),
-    Case("constant_pad", lambda x: F.pad(x, (1, 2, -1, 1), value=2.5), randn(2, 4, 3), grad=True),
+    Case("constant_pad", lambda x: F.pad(x, (1, 2, -1, 1), value=2.5), randn(2, 4, 3), grad=True, bf16=True),
     Case("reflect_pad1d", lambda x: F.pad(x, (2, 1), mode="reflect"), randn(2, 3, 5), grad=True,
          ints=False),
     Case("reflect_pad2d", lambda x: F.pad(x, (1, 2, 2, 0), mode="reflect"), randn(1, 2, 4, 5),
-         grad=True, ints=False),
+         grad=True, ints=False, bf16=True),
     Case("replicate_pad2d_neg", lambda x: F.pad(x, (-1, 3, 2, 1), mode="replicate"),
          randn(1, 2, 4, 4), grad=True, ints=False),
     Case("replicate_pad3d", lambda x: F.pad(x, (1, 1, 0, 2, 1, 0), mode="replicate"),
@@ -115,8 +118,8 @@ CASES = [
     Case("tril", lambda x: torch.tril(x, -1), randn(2, 4, 5), grad=True),
     Case("triu", lambda x: torch.triu(x, 2), randn(4, 5), grad=True),
     Case("repeat", lambda x: x.repeat(2, 1, 3), randn(3, 2), grad=True),
-    Case("tril_indices", lambda: torch.tril_indices(4, 3, -1, device=DEV[0])),
-    Case("triu_indices", lambda: torch.triu_indices(3, 5, 1, device=DEV[0])),
+    Case("tril_indices", lambda: torch.tril_indices(4, 3, -1, device=DEV[0]), ints=False),
+    Case("triu_indices", lambda: torch.triu_indices(3, 5, 1, device=DEV[0]), ints=False),
     # ------------------------------------------------ functional views
     Case("t_copy", lambda x: aten.t_copy(x), randn(3, 4)),
     Case("transpose_copy", lambda x: aten.transpose_copy(x, 0, 2), randn(2, 3, 4)),
@@ -133,57 +136,61 @@ CASES = [
     Case("diagonal_copy", lambda x: aten.diagonal_copy(x, -1, 2, 0), randn(4, 2, 3)),
     Case("alias_copy", lambda x: aten.alias_copy(x), randn(3)),
     Case("slice_scatter", lambda x, s: torch.slice_scatter(x, s, 1, 0, 6, 2), randn(2, 6),
-         randn(2, 3, seed=1), grad=True),
+         randn(2, 3, seed=1), grad=True, bf16=True),
     Case("select_scatter", lambda x, s: torch.select_scatter(x, s, 0, -1), randn(3, 4),
          randn(4, seed=1), grad=True),
     Case("diagonal_scatter", lambda x, s: torch.diagonal_scatter(x, s, 1, 0, 2), randn(3, 2, 4),
          randn(2, 3, seed=1), grad=True),
     # ------------------------------------------------ advanced indexing
-    Case("index_dim0", lambda x, i: x[i], randn(4, 5), IDX, grad=True),
+    Case("index_dim0", lambda x, i: x[i], randn(4, 5), IDX, grad=True, bf16=True),
     Case("index_dim1_2d", lambda x, i: x[:, i], randn(3, 4), IDX2, grad=True),
     Case("index_two_adjacent", lambda x, i, j: x[:, i, j], randn(2, 4, 5), IDX, IDX, grad=True),
     Case("index_separated", lambda x, i, j: x[i, :, j], randn(4, 3, 5), IDX, IDX, grad=True),
-    Case("index_bool_mask", lambda x, m: x[m], randn(4, 5), M45, grad=True),
+    Case("index_bool_mask", lambda x, m: x[m], randn(4, 5), M45, grad=True, bf16=True),
     Case("index_bool_dim1", lambda x, m: x[:, m[0]], randn(3, 5), M45, grad=True),
     Case("index_put", lambda x, i, v: x.index_put((i,), v), randn(4, 5), torch.tensor([0, 3]),
          randn(2, 5, seed=1), grad=True),
     Case("index_put_accumulate_dups", lambda x, i, v: x.index_put((i,), v, accumulate=True),
-         randn(4, 5), IDX, randn(4, 5, seed=1), grad=True),
+         randn(4, 5), IDX, randn(4, 5, seed=1), grad=True, bf16=True),
     Case("setitem_int_slice", _setitem(lambda y: (torch.tensor([1, 3], device=y.device), slice(1, 3))),
          randn(4, 5), randn(2, 2, seed=1), grad=True),
     Case("setitem_mask_scalar", _setitem(lambda y: y > 0), randn(4, 5), torch.tensor(0.5)),
     Case("setitem_mask_values", _setitem(lambda y: M45.to(y.device)), randn(4, 5),
-         randn(int(M45.sum()), seed=1), grad=True),
-    Case("setitem_row_mask_rows", _setitem(lambda y: M45[:, 0].to(y.device)), randn(4, 5),
-         randn(int(M45[:, 0].sum()), 5, seed=1)),
-    Case("iadd_mask_dim1", _iadd(lambda y: (slice(None), M45[0].to(y.device))), randn(4, 5),
+         randn(int(M45.sum()), seed=1), grad=True, bf16=True),
+    Case("setitem_row_mask_rows", _setitem(lambda y: M45[:, 1].to(y.device)), randn(4, 5),
+         randn(int(M45[:, 1].sum()), 5, seed=1)),
+    Case("setitem_empty_mask", _setitem(lambda y: M45[:, 0].to(y.device)), randn(4, 5),
+         randn(0, 5, seed=1)),
+    Case("iadd_mask_dim1", _iadd(lambda y: (slice(None), M45[1].to(y.device))), randn(4, 5),
          randn(4, 1, seed=1)),
     Case("setitem_mask_and_index",
-         _setitem(lambda y: (M45[:, 0].to(y.device), torch.tensor(1, device=y.device))),
-         randn(4, 5), randn(int(M45[:, 0].sum()), seed=1)),
+         _setitem(lambda y: (M45[:, 1].to(y.device), torch.tensor(1, device=y.device))),
+         randn(4, 5), randn(int(M45[:, 1].sum()), seed=1)),
     # ------------------------------------------------ gather / scatter
-    Case("gather", lambda x, i: x.gather(1, i), randn(4, 6), GIDX, grad=True),
+    Case("gather", lambda x, i: x.gather(1, i), randn(4, 6), GIDX, grad=True, bf16=True),
     Case("gather_smaller_index", lambda x, i: x.gather(0, i[:2, :2] % 3), randn(3, 4), GIDX,
          grad=True),
     Case("take_along_dim", lambda x, i: torch.take_along_dim(x, i, 1), randn(4, 6), GIDX),
-    Case("scatter_src", lambda x, i, s: x.scatter(1, i[:, :1], s), randn(4, 6), GIDX,
+    Case("scatter_src", lambda x, i, s: x.scatter(1, i, s), randn(4, 6), GIDX,
          randn(4, 3, seed=1), grad=True),
+    Case("scatter_src_larger", lambda x, i, s: x.scatter(1, i[:, :1], s), randn(4, 6), GIDX,
+         randn(4, 3, seed=1)),
     Case("scatter_value", lambda x, i: x.scatter(1, i, 1.5), randn(4, 6), GIDX),
     Case("scatter_reduce_legacy_add", lambda x, i, s: x.scatter(1, i, s, reduce="add"), randn(4, 6),
          GIDX, randn(4, 3, seed=1)),
     Case("scatter_add", lambda x, i, s: x.scatter_add(1, i, s), randn(4, 6), GIDX,
-         randn(4, 3, seed=1), grad=True),
+         randn(4, 3, seed=1), grad=True, bf16=True),
     Case("scatter_reduce_sum_excl", lambda x, i, s: x.scatter_reduce(1, i, s, "sum", include_self=False),
          randn(4, 6), GIDX, randn(4, 3, seed=1), grad=True),
     Case("scatter_reduce_mean", lambda x, i, s: x.scatter_reduce(1, i, s, "mean"), randn(4, 6),
-         GIDX, randn(4, 3, seed=1)),
+         GIDX, randn(4, 3, seed=1), bf16=True),
     Case("scatter_reduce_amax", lambda x, i, s: x.scatter_reduce(1, i, s, "amax", include_self=False),
          randn(4, 6), GIDX, randn(4, 3, seed=1), grad=True),
     Case("scatter_reduce_prod", lambda x, i, s: x.scatter_reduce(0, i % 4, s, "prod"), randn(4, 6),
          GIDX, randn(4, 3, seed=1)),
     Case("index_select", lambda x, i: x.index_select(1, i % 5), randn(3, 5), IDX, grad=True),
     Case("index_add", lambda x, i, s: x.index_add(0, i % 4, s, alpha=2), randn(4, 3), IDX,
-         randn(4, 3, seed=1), grad=True),
+         randn(4, 3, seed=1), grad=True, bf16=True),
     Case("index_copy", lambda x, s: x.index_copy(1, torch.tensor([2, 0], device=x.device), s),
          randn(3, 4), randn(3, 2, seed=1), grad=True),
     Case("index_fill", lambda x, i: x.index_fill(1, i % 4, -2.0), randn(3, 4), IDX, grad=True),
@@ -192,14 +199,14 @@ CASES = [
     Case("take", lambda x, i: torch.take(x, i), randn(3, 4), torch.tensor([[0, -1], [11, 5]]),
          grad=True),
     Case("put_accumulate", lambda x, i, s: x.put(i, s, accumulate=True), randn(3, 4),
-         torch.tensor([1, -1, 1]), randn(3, seed=1), grad=True),
+         torch.tensor([1, -1, 1]), randn(3, seed=1), grad=True, bf16=True),
     Case("masked_scatter", lambda x, m, s: x.masked_scatter(m, s), randn(4, 5), M45,
-         randn(20, seed=1), grad=True),
+         randn(20, seed=1), grad=True, bf16=True),
     Case("masked_scatter_broadcast", lambda x, m, s: x.masked_scatter(m, s), randn(5), M45,
          randn(20, seed=1)),
     # ------------------------------------------------ sorted search
     Case("searchsorted", lambda s, v: torch.searchsorted(s, v), torch.tensor([1.0, 2, 2, 5, 9]),
-         randn(3, 4) * 4),
+         randn(3, 4) * 4, bf16=True),
     Case("searchsorted_right_nd", lambda s, v: torch.searchsorted(s, v, right=True),
          torch.sort(randn(2, 5), dim=-1)[0], randn(2, 3, seed=1)),
     Case("searchsorted_sorter_int32",
@@ -210,13 +217,13 @@ CASES = [
     Case("bucketize_right", lambda v, b: torch.bucketize(v, b, right=True),
          torch.tensor([[-1.0, 0.0, 3.0]]), torch.tensor([-1.0, 0.0, 0.5, 2.0])),
     # ------------------------------------------------ data-dependent shapes
-    Case("nonzero", lambda m: torch.nonzero(m), M45),
+    Case("nonzero", lambda m: torch.nonzero(m), M45, ints=False),
     Case("argwhere", lambda x: torch.argwhere(x > 0), randn(2, 3, 2)),
-    Case("nonzero_static", lambda m: torch.nonzero_static(m, size=15, fill_value=-3), M45),
+    Case("nonzero_static", lambda m: torch.nonzero_static(m, size=15, fill_value=-3), M45, ints=False),
     Case("masked_select", lambda x, m: torch.masked_select(x, m), randn(4, 5), M45, grad=True),
     Case("masked_select_broadcast", lambda x, m: torch.masked_select(x, m), randn(5), M45),
     Case("repeat_interleave_output_size",
-         lambda r: torch.repeat_interleave(r, output_size=6), torch.tensor([2, 0, 3, 1])),
+         lambda r: torch.repeat_interleave(r, output_size=6), torch.tensor([2, 0, 3, 1]), ints=False),
     Case("repeat_interleave_self_int", lambda x: x.repeat_interleave(2, dim=0), randn(2, 3)),
 ]
 
@@ -231,15 +238,9 @@ def _run(case, dtype, device):
     return case.fn(*inputs)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64],
-                         ids=["f32", "bf16", "i64"])
-@pytest.mark.parametrize("case", CASES, ids=repr)
+@pytest.mark.parametrize("case,dtype", [
+    pytest.param(c, d, id=f"{c.name}-{str(d)[6:]}") for c in CASES for d in c.dtypes])
 def test_forward(case, dtype):
-    if dtype == torch.int64 and not case.ints:
-        pytest.skip("float-only op")
-    if dtype == torch.bfloat16 and not any(
-            isinstance(x, torch.Tensor) and x.is_floating_point() for x in case.inputs):
-        pytest.skip("no float inputs")
     expected = _run(case, dtype, "cpu")
     got = _cpu(_run(case, dtype, "tpu"))
     torch.testing.assert_close(got, expected)

@@ -114,12 +114,11 @@ def _materializer(shape, stride, offset, blen, bdt, dtype):
 def materialize(t: torch.Tensor) -> jax.Array:
     """The value of a tpu tensor as a jax array of its shape (async)."""
     modes.flush_pending()
-    buf = _storage.buffer(t.untyped_storage(), t.dtype)
+    buf, n, bdt = _storage.record(t.untyped_storage(), t.dtype)
     shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
-    if offset == 0 and buf.shape[0] == t.numel() and buf.dtype == _runtime.jax_dtype(t.dtype) \
-            and t.is_contiguous():
+    if offset == 0 and n == t.numel() and bdt == _runtime.jax_dtype(t.dtype) and t.is_contiguous():
         return buf.reshape(shape)
-    return _materializer(shape, stride, offset, buf.shape[0], buf.dtype, t.dtype)(buf)
+    return _materializer(shape, stride, offset, n, bdt, t.dtype)(buf)
 
 
 def to_cpu(t: torch.Tensor) -> torch.Tensor:

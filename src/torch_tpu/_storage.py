@@ -21,17 +21,21 @@ from . import _runtime
 ATTR = "_xla"
 
 
+def record(storage, dtype):
+    """The storage's (flat buffer, length, jax dtype). A fresh storage gets zeros (the
+    memory of torch.empty is unspecified; zeros are a valid choice). Length and dtype are
+    kept beside the buffer because reading them off a jax.Array costs ~0.5 us per op."""
+    rec = getattr(storage, ATTR, None)
+    if rec is None:
+        jdt = _runtime.jax_dtype(dtype)
+        n = storage.nbytes() // jdt.itemsize
+        rec = (_zeros(n, jdt), n, jdt)
+        setattr(storage, ATTR, rec)
+    return rec
+
+
 def buffer(storage, dtype):
-    """The storage's flat buffer; a fresh storage gets zeros (torch.empty's memory is
-    unspecified, zeros are a valid choice), a grown one is padded."""
-    buf = getattr(storage, ATTR, None)
-    if buf is not None and buf.size * buf.dtype.itemsize >= storage.nbytes():
-        return buf
-    jdt = _runtime.jax_dtype(dtype) if buf is None else buf.dtype
-    n = storage.nbytes() // jdt.itemsize
-    buf = _zeros(n, jdt) if buf is None else _pad(buf, n)
-    set_buffer(storage, buf)
-    return buf
+    return record(storage, dtype)[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,17 +48,10 @@ def _zeros(n, dtype):
         return _zeros_fn(n, dtype)()
 
 
-@functools.lru_cache(maxsize=None)
-def _pad_fn(old, new, dtype):
-    return jax.jit(lambda b: jnp.pad(b, (0, new - old)))
-
-
-def _pad(buf, n):
-    return _pad_fn(buf.shape[0], n, buf.dtype)(buf)
-
-
-def set_buffer(storage, buf):
-    setattr(storage, ATTR, buf)
+def set_buffer(storage, buf, n=None, dtype=None):
+    if n is None:
+        n, dtype = buf.shape[0], buf.dtype
+    setattr(storage, ATTR, (buf, n, dtype))
 
 
 def install_file_io() -> None:
@@ -86,6 +83,14 @@ def install_file_io() -> None:
 
 def has_buffer(storage) -> bool:
     return getattr(storage, ATTR, None) is not None
+
+
+def _fit(flat, need):
+    """A storage torch grew (resize_, set_) keeps its shorter buffer until next written:
+    read the missing tail as zeros."""
+    if need > flat.shape[0]:
+        return jnp.pad(flat, (0, need - flat.shape[0]))
+    return flat
 
 
 # ---------------------------------------------------------------- static view code
@@ -169,7 +174,8 @@ def reader(shape, stride, offset, buf_len, buf_dtype, dtype):
     if _is_contiguous(shape, stride):
         if offset == 0 and numel == buf_len and buf_dtype == jdt:
             return lambda flat: flat.reshape(shape)
-        return lambda flat: lax.slice(convert(flat), (offset,), (offset + numel,)).reshape(shape)
+        return lambda flat: lax.slice(_fit(convert(flat), offset + numel), (offset,),
+                                      (offset + numel,)).reshape(shape)
 
     chain = _dense_chain(shape, stride, offset, buf_len)
     if chain is not None:
@@ -185,7 +191,8 @@ def reader(shape, stride, offset, buf_len, buf_dtype, dtype):
         del inner
         return read
     idx = _gather_index(shape, stride, offset)
-    return lambda flat: jnp.take(convert(flat), jnp.asarray(idx), mode="clip")
+    need = int(idx.max()) + 1
+    return lambda flat: jnp.take(_fit(convert(flat), need), jnp.asarray(idx), mode="clip")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -206,15 +213,17 @@ def writer(shape, stride, offset, buf_len, buf_dtype, dtype):
             return lambda flat, value: value.reshape(-1).astype(jdt)
 
         def write_slice(flat, value):
-            base = flat if same else _bitcast_flat(flat, jdt)
+            base = _fit(flat if same else _bitcast_flat(flat, jdt), offset + numel)
             new = lax.dynamic_update_slice(base, value.reshape(-1).astype(jdt), (offset,))
             return finish(new, flat)
 
         return write_slice
     idx = _gather_index(shape, stride, offset).reshape(-1)
 
+    need = int(idx.max()) + 1
+
     def write_scatter(flat, value):
-        base = flat if same else _bitcast_flat(flat, jdt)
+        base = _fit(flat if same else _bitcast_flat(flat, jdt), need)
         new = base.at[jnp.asarray(idx)].set(value.reshape(-1).astype(jdt), mode="drop")
         return finish(new, flat)
 

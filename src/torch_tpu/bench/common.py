@@ -8,6 +8,7 @@ others alone.
 from __future__ import annotations
 
 import datetime
+import os
 import pathlib
 import platform
 import shlex
@@ -84,8 +85,11 @@ def environment_line() -> str:
     from .. import _runtime
 
     d = _runtime.device()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (f"torch {torch.__version__}, jax {jax.__version__}, PJRT {d.platform} "
-            f"({d.device_kind}), {platform.machine()}, {torch.get_num_threads()} torch threads")
+            f"({d.device_kind}), {platform.machine()}, {os.cpu_count()} cores, "
+            f"{torch.get_num_threads()} torch threads, load average {load} at the end "
+            "(a load above the core count slows CPU eager's thread team most)")
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

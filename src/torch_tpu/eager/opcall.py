@@ -53,10 +53,13 @@ class DeviceMismatchError(RuntimeError):
 class Entry:
     """A compiled (op, key): the jitted function and how its results become tensors."""
 
-    __slots__ = ("fn", "fresh", "structure", "mut_slots", "eager_fn")
+    __slots__ = ("fn", "fresh", "structure", "mut_slots", "eager_fn", "out_recs")
 
     def __init__(self, fn, fresh, structure, mut_slots, eager_fn=None):
         self.eager_fn = eager_fn    # set instead of fn for data-dependent shapes
+        # (length, jax dtype) of each fresh output's flat buffer
+        self.out_recs = None if fresh is None else [
+            (_prod(shape), _runtime.jax_dtype(dt)) for shape, dt in fresh]
         self.fn = fn                # (bufs, dyns) -> [fresh flat buffers..., new buffers of mutated storages...]
         self.fresh = fresh          # [(shape, torch dtype)] of the new tensors
         self.structure = structure  # per schema return: ("alias", i) | ("fresh",) | ("list", n)
@@ -157,6 +160,14 @@ class OpPlan:
         if not isinstance(t, torch.Tensor):  # a Python number torch passed for a Tensor
             dyns.append(t)
             return ("#", type(t))
+        rec = getattr(t.untyped_storage(), _storage.ATTR, None)
+        if rec is None:
+            t, rec = self._first_touch(t)
+        bufs.append(rec[0])
+        return (t.shape, t.stride(), t.storage_offset(), t.dtype, rec[1], rec[2])
+
+    def _first_touch(self, t):
+        """A storage without a buffer: a fresh tpu storage, or a tensor of another device."""
         if t.device.type != "tpu":
             if t.dim() == 0 and t.device.type == "cpu":
                 t = t.to("tpu")  # CUDA accepts 0-dim CPU tensors beside device tensors; so do we
@@ -164,9 +175,7 @@ class OpPlan:
                 raise DeviceMismatchError(
                     f"Expected all tensors to be on the same device, but found at least two "
                     f"devices, tpu:0 and {t.device}! (when checking argument for {self.name})")
-        buf = _storage.buffer(t.untyped_storage(), t.dtype)
-        bufs.append(buf)
-        return (t.shape, t.stride(), t.storage_offset(), t.dtype, buf.shape[0], buf.dtype)
+        return t, _storage.record(t.untyped_storage(), t.dtype)
 
     # ------------------------------------------------------------ per new key
     def compile(self, key, vals):
@@ -197,8 +206,10 @@ class OpPlan:
         dtypes = [_runtime.jax_dtype(d) for _, d in fresh]
         shapes = [s for s, _ in fresh]
 
-        def run(bufs, dyns):
-            return fn(bufs, dyns, (shapes, dtypes))[1]
+        nbufs = _count_bufs(parts, self)
+
+        def run(*flat):
+            return fn(flat[:nbufs], flat[nbufs:], (shapes, dtypes))[1]
 
         jitted = jax.jit(run)
         metrics.count("executables_compiled")
@@ -282,6 +293,14 @@ class OpPlan:
             return raw, out
 
         return fn
+
+
+def _count_bufs(parts, plan):
+    n = 0
+    for k, part in zip(plan.kinds, parts):
+        ps = part if k in (TENSOR_LIST, OPT_TENSOR_LIST) else [part] if k <= OPT_TENSOR else []
+        n += sum(1 for p in ps if p is not None and p[0] != "#")
+    return n
 
 
 def _traceable_shapes(fn, parts, plan):

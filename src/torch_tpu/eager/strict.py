@@ -10,17 +10,27 @@ import torch
 from .. import _storage, metrics
 from .opcall import run_eager
 
+_COUNTERS = metrics.counters
 
-def new_tensor(shape, dtype, flat):
-    t = torch.empty(shape, dtype=dtype, device="tpu")
-    _storage.set_buffer(t.untyped_storage(), flat)
+
+_TPU = torch.device("tpu", 0)
+_ATTR = _storage.ATTR
+
+
+def new_tensor(shape, dtype, flat, rec=None):
+    t = torch.empty(shape, dtype=dtype, device=_TPU)
+    if rec is None:
+        _storage.set_buffer(t.untyped_storage(), flat)
+    else:
+        setattr(t.untyped_storage(), _ATTR, (flat, rec[0], rec[1]))
     return t
 
 
 def finish(plan, entry, vals, outs):
     """Store results: new tensors for fresh outputs, new buffers for mutated storages."""
     nfresh = len(entry.fresh)
-    fresh = [new_tensor(shape, dtype, flat) for (shape, dtype), flat in zip(entry.fresh, outs)]
+    fresh = [new_tensor(shape, dtype, flat, rec)
+             for (shape, dtype), flat, rec in zip(entry.fresh, outs, entry.out_recs)]
     for (i, j), flat in zip(entry.mut_slots, outs[nfresh:]):
         t = vals[i] if j is None else vals[i][j]
         _storage.set_buffer(t.untyped_storage(), flat)
@@ -55,12 +65,10 @@ class StrictExecutor:
             metrics.count("cache_misses")
             entry = plan.compile(key, vals)
             plan.cache[key] = entry
-        else:
-            metrics.count("cache_hits")
-        metrics.count("dispatches.strict")
+        _COUNTERS["dispatches.strict"] += 1
         if entry.fn is None:
             fresh, outs = run_eager(plan, entry, vals, bufs, dyns)
             tensors = [new_tensor(s, d, f) for (s, d), f in zip(fresh, outs)]
             return tensors[0] if len(tensors) == 1 else tuple(tensors)
-        outs = entry.fn(bufs, dyns)
+        outs = entry.fn(*bufs, *dyns)
         return finish(plan, entry, vals, outs)

@@ -124,6 +124,8 @@ def _padded_mask_indices(self, indices, values):
 
 @lowering(aten.index_put.default, aten._unsafe_index_put.default)
 def _index_put(self, indices, values, accumulate=False):
+    if values.size == 0:  # values broadcast to the indexed shape: nothing is selected
+        return self
     values = values.astype(self.dtype)
     mask, pos = _only_leading_mask(self, indices)
     if mask is not None:

@@ -8,6 +8,8 @@ leaves out, exactly where torch's kernel returns an undefined tensor.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -43,46 +45,42 @@ def _reduced_grad(grad_output, like, reduction):
 
 
 # ---------------------------------------------------------------- softmax
-def _over_dim(fn, x, dim):
-    # torch accepts dim 0 / -1 on a 0-dim tensor and treats it as a 1-element vector
-    if x.ndim == 0:
-        return fn(x.reshape(1), 0).reshape(())
-    return fn(x, dim)
+def _vectors(*xs):
+    """torch accepts dim 0 / -1 on a 0-dim tensor and treats it as a 1-element vector."""
+    return [x.reshape(1) if x.ndim == 0 else x for x in xs]
 
 
 @lowering(aten._softmax.default)
 def _softmax(self, dim, half_to_float):
-    return _over_dim(lambda x, d: jax.nn.softmax(x, axis=d), _opmath(self), dim)
+    (x,) = _vectors(_opmath(self))
+    return jax.nn.softmax(x, axis=dim).reshape(self.shape)
 
 
 @lowering(aten._log_softmax.default)
 def _log_softmax(self, dim, half_to_float):
-    return _over_dim(lambda x, d: jax.nn.log_softmax(x, axis=d), _opmath(self), dim)
+    (x,) = _vectors(_opmath(self))
+    return jax.nn.log_softmax(x, axis=dim).reshape(self.shape)
 
 
 @lowering(aten._safe_softmax.default)
 def _safe_softmax(self, dim, dtype=None):
     # softmax, but a row that is entirely -inf (a fully masked attention row) gives zeros
-    # instead of NaN; torch's SDPA math path relies on it
-    x = _opmath(self)
-
-    def safe(x, d):
-        masked = jnp.all(x == -jnp.inf, axis=d, keepdims=True)
-        return jnp.where(masked, 0.0, jax.nn.softmax(x, axis=d))
-
-    return _over_dim(safe, x, dim)
+    # instead of NaN, as torch's SDPA math path needs
+    (x,) = _vectors(_opmath(self))
+    masked = jnp.all(x == -jnp.inf, axis=dim, keepdims=True)
+    return jnp.where(masked, 0.0, jax.nn.softmax(x, axis=dim)).reshape(self.shape)
 
 
 @lowering(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad_output, output, dim, input_dtype):
-    g, y = _opmath(grad_output), _opmath(output)
-    return y * (g - jnp.sum(g * y, axis=dim, keepdims=True))
+    g, y = _vectors(_opmath(grad_output), _opmath(output))
+    return (y * (g - jnp.sum(g * y, axis=dim, keepdims=True))).reshape(output.shape)
 
 
 @lowering(aten._log_softmax_backward_data.default)
 def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
-    g, y = _opmath(grad_output), _opmath(output)
-    return g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)
+    g, y = _vectors(_opmath(grad_output), _opmath(output))
+    return (g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)).reshape(output.shape)
 
 
 # ---------------------------------------------------------------- normalization
@@ -210,8 +208,9 @@ def _native_batch_norm_backward(grad_out, input, weight, running_mean, running_v
 
 
 def _grouped(x, n, group):
-    """(N, C, *spatial) -> (N, group, C // group * HxW): the axes group norm reduces over."""
-    return x.reshape(n, group, -1)
+    """(N, C, *spatial) -> (N, group, C // group * HxW): the axes group norm reduces over.
+    Sizes spelled out: -1 is ambiguous for an empty batch."""
+    return x.reshape(n, group, math.prod(x.shape[1:]) // group)
 
 
 @lowering(aten.native_group_norm.default)
