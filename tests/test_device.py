@@ -187,3 +187,18 @@ def test_item_tolist_numpy_paths():
     with pytest.raises(TypeError):
         x.numpy()  # like CUDA: copy to host first
     assert bool(x.sum() > 3)
+
+
+def test_import_torch_alone_loads_the_device():
+    import os
+    import subprocess
+    import sys
+
+    code = "import torch; print(torch.ones(2, device='tpu').device)"
+    env = dict(os.environ)
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and "tpu:0" in out.stdout, out.stderr[-2000:]
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode != 0  # autoload off: "tpu" is an unknown device until torch_tpu is imported

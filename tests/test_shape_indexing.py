@@ -135,6 +135,8 @@ CASES = [
     Case("unbind_copy", lambda x: aten.unbind_copy(x, 1), randn(2, 3)),
     Case("diagonal_copy", lambda x: aten.diagonal_copy(x, -1, 2, 0), randn(4, 2, 3)),
     Case("alias_copy", lambda x: aten.alias_copy(x), randn(3)),
+    Case("unfold", lambda x: x.unfold(1, 3, 2) * 1, randn(2, 7), grad=True),
+    Case("unfold_copy_overlap", lambda x: aten.unfold_copy(x, -1, 2, 1), randn(3, 4)),
     Case("slice_scatter", lambda x, s: torch.slice_scatter(x, s, 1, 0, 6, 2), randn(2, 6),
          randn(2, 3, seed=1), grad=True, bf16=True),
     Case("select_scatter", lambda x, s: torch.select_scatter(x, s, 0, -1), randn(3, 4),
@@ -147,6 +149,9 @@ CASES = [
     Case("index_two_adjacent", lambda x, i, j: x[:, i, j], randn(2, 4, 5), IDX, IDX, grad=True),
     Case("index_separated", lambda x, i, j: x[i, :, j], randn(4, 3, 5), IDX, IDX, grad=True),
     Case("index_bool_mask", lambda x, m: x[m], randn(4, 5), M45, grad=True, bf16=True),
+    Case("unsafe_index", lambda x, i: aten._unsafe_index(x, [None, i]), randn(3, 4), IDX2 % 4),
+    Case("unsafe_index_put_acc", lambda x, i, v: aten._unsafe_index_put(x, [i], v, True),
+         randn(4, 3), IDX, randn(3, seed=1)),
     Case("index_bool_dim1", lambda x, m: x[:, m[0]], randn(3, 5), M45, grad=True),
     Case("index_put", lambda x, i, v: x.index_put((i,), v), randn(4, 5), torch.tensor([0, 3]),
          randn(2, 5, seed=1), grad=True),
@@ -264,17 +269,17 @@ def test_backward(case):
         torch.testing.assert_close(g, e)
 
 
-def test_index_put_with_int_indices_is_jitted():
+def test_integer_indexing_is_jitted():
     """index.Tensor is tagged dynamic_output_shape, but only boolean indices make its
-    shape data-dependent: integer indexing must stay one cached XLA program."""
+    shape data-dependent: integer indexing must compile to an XLA program, not run eagerly."""
     from torch_tpu import metrics
 
-    x = randn(4, 5).to("tpu")
+    x = randn(3, 7, 2).to("tpu")  # a shape no other test indexes
     i = IDX.to("tpu")
-    x[i]
-    before = metrics.counters["dynamic_shape_ops"]
-    torch.testing.assert_close(x[i].cpu(), x.cpu()[IDX])
-    assert metrics.counters["dynamic_shape_ops"] == before
+    before = dict(metrics.counters)
+    torch.testing.assert_close(x[:, i].cpu(), x.cpu()[:, IDX])
+    assert metrics.counters["dynamic_shape_ops"] == before.get("dynamic_shape_ops", 0)
+    assert metrics.counters["executables_compiled"] > before.get("executables_compiled", 0)
 
 
 # ---------------------------------------------------------------- unique family

@@ -3,7 +3,16 @@
 Importing this package registers the device: `torch.device("tpu")`, `torch.tpu`,
 `Tensor.tpu()`, the lowerings of aten ops to JAX, and the eager executors.
 """
-from . import _device
+
+
+def _autoload():
+    """Entry point for torch's device-backend autoload (`import torch` loads this package).
+
+    Defined before anything imports torch: when `import torch_tpu` comes first, torch's
+    own import resolves this entry point while the package is still half-imported."""
+
+
+from . import _device  # noqa: E402
 
 torch_tpu_module = _device.register()
 
@@ -15,7 +24,3 @@ _dispatch.register()
 set_cpu_fallback = _dispatch.set_cpu_fallback
 
 __all__ = ["metrics", "set_cpu_fallback"]
-
-
-def _autoload():
-    """Entry point for torch's device-backend autoload: importing the package is enough."""

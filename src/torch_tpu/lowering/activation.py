@@ -12,7 +12,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from .pointwise import _like, _operands, pointwise
+from .pointwise import _like, _operands, _opmath, pointwise
 from .registry import aten, lowering
 
 _SQRT1_2 = math.sqrt(0.5)
@@ -220,11 +220,14 @@ def _shrink_backward(grad, x, lambd):
 
 
 # ---------------------------------------------------------------- logit
-@pointwise(aten.logit.default, int_to_float=True)
+@pointwise(aten.logit.default, int_to_float=True, opmath=False)
 def _logit(x, eps=None):
+    # torch clamps to [eps, 1 - eps] and forms x / (1 - x) in the input's own dtype (a
+    # 16-bit ratio is rounded before the log), so only the log runs in opmath
     if eps is not None and eps >= 0:  # torch ignores a negative eps
-        x = jnp.clip(x, eps, 1 - eps)
-    return jnp.log(x / (1 - x))
+        lo = jnp.asarray(eps, x.dtype)
+        x = jnp.clip(x, lo, 1 - lo)
+    return jnp.log((x / (1 - x)).astype(_opmath(x.dtype)))
 
 
 @pointwise(aten.logit_backward.default, operands=2, int_to_float=True)

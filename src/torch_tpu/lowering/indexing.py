@@ -94,27 +94,38 @@ def _masked_put(self, mask, pos, values, accumulate):
     return jnp.where(full_mask, picked, self)
 
 
+def _pinned_count(indices):
+    """The number of True entries when the integer indices pin it (a mask's nonzero
+    positions broadcast against them as the last dim), else None."""
+    shapes = [i.shape for i in indices if i is not None and not _is_mask(i)]
+    lead = jnp.broadcast_shapes(*shapes) if shapes else ()
+    return lead[-1] if lead and lead[-1] != 1 else None
+
+
 def _padded_mask_indices(self, indices, values):
-    """Masks -> fixed-length integer indices: the True positions first, then an
-    out-of-range filler that `mode="drop"` discards. Values whose dim runs over the True
-    entries are padded to the same length."""
+    """Masks -> fixed-length integer indices. When the count of True entries is not
+    pinned by the other indices: the True positions first, then an out-of-range filler
+    that `mode="drop"` discards, and values whose dim runs over the True entries are
+    padded to the same length."""
+    pinned = _pinned_count(indices)
     out = []
-    pad_len = None
+    padded = False
     dim = 0
     for i in indices:
         if _is_mask(i):
-            n = int(np.prod(i.shape))
-            pad_len = n
+            n = pinned if pinned is not None else int(np.prod(i.shape))
             coords = jnp.nonzero(i, size=n, fill_value=0)
-            valid = jnp.arange(n) < jnp.count_nonzero(i)
-            for d, c in enumerate(coords):
-                out.append(jnp.where(valid, c, self.shape[dim + d]))
+            if pinned is None:
+                padded = True
+                valid = jnp.arange(n) < jnp.count_nonzero(i)
+                coords = [jnp.where(valid, c, self.shape[dim + d]) for d, c in enumerate(coords)]
+            out.extend(coords)
             dim += i.ndim
         else:
             out.append(i)
             dim += 1
-    if pad_len is not None:
-        target = jnp.zeros(self.shape, jnp.bool_)[_indexer(out)].shape
+    if padded:
+        target = jax.eval_shape(lambda x, idx: x[_indexer(idx)], self, out).shape
         right = target[len(target) - values.ndim:]
         widths = [(0, t - v) if v not in (1, t) else (0, 0) for v, t in zip(values.shape, right)]
         if any(w for _, w in widths):

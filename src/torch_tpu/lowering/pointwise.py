@@ -204,6 +204,7 @@ def _true_div(a, b):
 
 def _floor_div(a, b):
     """Python's floor division, as torch's div_floor_integer / div_floor_floating."""
+    a, b = jnp.broadcast_arrays(a, b)  # lax ops do not broadcast
     if not _is_float(a.dtype):
         q = lax.div(a, b)  # truncates
         return jnp.where((lax.rem(a, b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
@@ -220,13 +221,15 @@ def _floor_div(a, b):
 def _div_mode(self, other, *, rounding_mode=None):
     if rounding_mode is None:
         return _true_div(self, other)
-    a, b = _operands(self, other)
+    # torch rounds the quotient to a 16-bit dtype before truncating or flooring it, so
+    # these compute in the operands' own dtype rather than in opmath
+    a, b = _operands(self, other, opmath=False)
     if rounding_mode == "trunc":
-        return lax.div(a, b) if not _is_float(a.dtype) else jnp.trunc(a / b)
+        return lax.div(*jnp.broadcast_arrays(a, b)) if not _is_float(a.dtype) else jnp.trunc(a / b)
     return _floor_div(a, b)
 
 
-@pointwise(aten.floor_divide.default, aten.floor_divide.Scalar, operands=2)
+@pointwise(aten.floor_divide.default, aten.floor_divide.Scalar, operands=2, opmath=False)
 def _floor_divide(a, b):
     return _floor_div(a, b)
 
@@ -235,13 +238,13 @@ def _floor_divide(a, b):
            operands=2)
 def _remainder(a, b):
     """Result has the divisor's sign (Python's %): C's fmod, shifted by b when signs differ."""
-    mod = lax.rem(a, b)
+    mod = lax.rem(*jnp.broadcast_arrays(a, b))
     return jnp.where((mod != 0) & ((mod < 0) != (b < 0)), mod + b, mod)
 
 
 @pointwise(aten.fmod.Tensor, aten.fmod.Scalar, operands=2)
 def _fmod(a, b):
-    return lax.rem(a, b)  # C fmod / truncated integer remainder: the dividend's sign
+    return lax.rem(*jnp.broadcast_arrays(a, b))  # C fmod / truncated integer remainder: the dividend's sign
 
 
 def _int_pow(base, exp):
@@ -269,7 +272,7 @@ def _pow(base, exp):
         return _int_pow(base.astype(jnp.int64), exp.astype(jnp.int64))
     if _is_int(base):
         return _int_pow(base, exp)
-    return lax.pow(base, exp)
+    return lax.pow(*jnp.broadcast_arrays(base, exp))
 
 
 @pointwise(aten.maximum.default, operands=2)
@@ -517,13 +520,14 @@ for _name, _fn in [("bitwise_and", jnp.bitwise_and), ("bitwise_or", jnp.bitwise_
            aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor,
            aten.__lshift__.Scalar, operands=2)
 def _shift_left(a, b):
-    return lax.shift_left(a, b)
+    return lax.shift_left(*jnp.broadcast_arrays(a, b))
 
 
 @pointwise(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
            aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor,
            aten.__rshift__.Scalar, operands=2)
 def _shift_right(a, b):
+    a, b = jnp.broadcast_arrays(a, b)
     if jnp.issubdtype(a.dtype, jnp.signedinteger):
         return lax.shift_right_arithmetic(a, b)
     return lax.shift_right_logical(a, b)

@@ -17,15 +17,18 @@ from .registry import aten, lowering
 
 
 def _sample_dtype(dtype):
-    """Draw floats in float32 at least (bf16 has 8 bits of mantissa), the result rounds once;
-    integer and bool results draw in float32 too and are converted by the caller."""
+    """Transform samples in float32 at least, then round once to the result's dtype;
+    integer and bool results compute in float32 too."""
     if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits >= 32:
         return dtype
     return jnp.float32
 
 
 def _uniform01(key, shape, dtype):
-    return jax.random.uniform(key, shape, _sample_dtype(dtype))
+    # drawn in the result's own float type, like torch (which fills only the mantissa
+    # bits the type has): a bf16 rand() is then < 1 after rounding, never == 1
+    draw = dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
+    return jax.random.uniform(key, shape, draw)
 
 
 def _normal(key, shape, dtype):
@@ -35,7 +38,7 @@ def _normal(key, shape, dtype):
 # ---------------------------------------------------------------- continuous distributions
 @lowering(aten.uniform.default)
 def _uniform(self, from_=0.0, to=1.0, *, generator):
-    u = _uniform01(generator, self.shape, self.dtype)
+    u = _uniform01(generator, self.shape, self.dtype).astype(_sample_dtype(self.dtype))
     return (from_ + (to - from_) * u).astype(self.dtype)
 
 

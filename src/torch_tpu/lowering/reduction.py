@@ -272,10 +272,21 @@ def _cumprod(self, dim, *, dtype=None):
     return x if x.ndim == 0 else jnp.cumprod(x, axis=_axis(x, dim))
 
 
+def _complex_logaddexp(a, b):
+    """log(exp(a) + exp(b)) for complex a, b, shifted by the larger real part."""
+    m = jnp.maximum(a.real, b.real)
+    m = jnp.where(jnp.isfinite(m), m, 0)
+    return m + jnp.log(jnp.exp(a - m) + jnp.exp(b - m))
+
+
 @lowering(aten.logcumsumexp.default, aten._logcumsumexp.default)
 def _logcumsumexp(self, dim):
     x = _float_acc(self)
-    return x if x.ndim == 0 else lax.cumlogsumexp(x, axis=_axis(x, dim))
+    if x.ndim == 0:
+        return x
+    if jnp.iscomplexobj(x):  # lax.cumlogsumexp is real-only
+        return lax.associative_scan(_complex_logaddexp, x, axis=_axis(x, dim))
+    return lax.cumlogsumexp(x, axis=_axis(x, dim))
 
 
 def _cum_extreme(x, dim, largest):

@@ -244,6 +244,27 @@ def _diagonal_copy(self, offset=0, dim1=0, dim2=1):
     return jnp.diagonal(self, offset, _dim(dim1, self.ndim), _dim(dim2, self.ndim))
 
 
+def _unfold(self, dimension, size, step):
+    """Tensor.unfold's value: windows of `size` every `step` along `dimension`, the windows
+    in place of that dim and each window's elements as a new last dim."""
+    if self.ndim == 0:
+        return jnp.broadcast_to(self, (size,))
+    dim = _dim(dimension, self.ndim)
+    count = (self.shape[dim] - size) // step + 1
+    index = np.arange(count)[:, None] * step + np.arange(size)[None, :]
+    return jnp.moveaxis(jnp.take(self, index, axis=dim), dim + 1, -1)
+
+
+lowering(aten.unfold_copy.default)(_unfold)
+
+
+@lowering(aten.unfold_backward.default)
+def _unfold_backward(grad_in, input_sizes, dim, size, step):
+    # overlapping windows sum their gradients: the transpose of the gather above
+    _, vjp = jax.vjp(lambda x: _unfold(x, dim, size, step), jnp.zeros(input_sizes, grad_in.dtype))
+    return vjp(grad_in)[0]
+
+
 # ---------------------------------------------------------------- *_scatter: write into a view
 @lowering(aten.slice_scatter.default)
 def _slice_scatter(self, src, dim=0, start=None, end=None, step=1):
