@@ -312,7 +312,7 @@ def test_activation_forward_backward(name, fn, dtype):
 # backward of math ops: autograd's formulas run further pointwise ops on tpu
 GRADS = [
     ("pow", lambda a, b: a.abs() ** b),
-    ("pow_scalar", lambda a, b: a ** 3),
+    ("pow_scalar", lambda a, b: a ** 3 * b),
     ("div", lambda a, b: a / (b.abs() + 1)),
     ("sqrt_exp_log", lambda a, b: torch.sqrt(a.abs() + 1) * torch.exp(b) + torch.log(b.abs() + 1)),
     ("atan2", torch.atan2),
@@ -336,6 +336,13 @@ def test_math_backward(name, fn):
 
 
 # ---------------------------------------------------------------- foreach
+def _chain_tol(dtype):
+    """Tolerance for chains of bf16 ops. torch's CPU in-place ops (mul_(0.9)) round a
+    scalar operand to bf16 while its out-of-place ones (and CUDA's) keep it in float32; we
+    follow the latter, so results can differ by an ulp at a cancellation."""
+    return dict(atol=1e-2, rtol=1.6e-2) if dtype == BF16 else {}
+
+
 def _lists(dtype=F32, n=3, domain="any", seed=0):
     shapes = [(3, 4), (5,), ()][:n]
     return [make(s, dtype, domain, seed=seed + i) for i, s in enumerate(shapes)]
@@ -372,15 +379,22 @@ FOREACH = [
 ]
 
 
+FOREACH_XFAIL = {
+    "addcmul_tensor": pytest.mark.xfail(
+        reason="torch requires the `scalars` tensor on CPU; the executor rejects CPU tensors"),
+}
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("name,fn", FOREACH, ids=[f[0] for f in FOREACH])
+@pytest.mark.parametrize("name,fn", [pytest.param(*f, id=f[0], marks=FOREACH_XFAIL.get(f[0], ()))
+                                     for f in FOREACH])
 def test_foreach(name, fn, dtype):
     a, b = _lists(dtype, seed=10), _lists(dtype, seed=20)
 
     def run(device):
         return _cpu(fn([t.to(device) for t in a], [t.to(device) for t in b]))
 
-    torch.testing.assert_close(run("tpu"), run("cpu"))
+    torch.testing.assert_close(run("tpu"), run("cpu"), **_chain_tol(dtype))
 
 
 def test_foreach_is_one_program():
@@ -434,7 +448,7 @@ def test_optimizer_foreach_steps(name, make_opt, dtype):
             assert _default_to_fused_or_foreach(ps, False, False)[1]  # ...which is foreach
         return [p.detach().cpu() for p in ps]
 
-    torch.testing.assert_close(run("tpu"), run("cpu"))
+    torch.testing.assert_close(run("tpu"), run("cpu"), **_chain_tol(dtype))
 
 
 def test_clip_grad_norm_foreach():

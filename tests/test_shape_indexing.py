@@ -292,6 +292,11 @@ UNIQUE_CASES = {
                                                              return_counts=True),
     "unique_consecutive_dim": lambda x: torch.unique_consecutive(
         x.reshape(6, 2).repeat_interleave(2, dim=0), dim=0, return_counts=True),
+    # the raw ops: which outputs are empty when not asked for is part of their contract
+    "aten_unique2_no_flags": lambda x: aten._unique2(x.reshape(3, 4)),
+    "aten_unique_dim_no_flags": lambda x: aten.unique_dim(x.reshape(6, 2), 1),
+    "aten_unique_consecutive_dim": lambda x: aten.unique_consecutive(x.reshape(3, 4), False, False, 0),
+    "unique_float": lambda x: torch.unique(x.float() / 2, return_counts=True),
 }
 
 

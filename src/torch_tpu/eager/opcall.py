@@ -70,7 +70,7 @@ class OpPlan:
     """Per-overload facts, computed once."""
 
     __slots__ = ("op", "name", "lowering", "kinds", "names", "npos", "defaults", "mutable",
-                 "ret_alias", "seeded", "dynamic_shape", "cache", "nrets")
+                 "ret_alias", "seeded", "dynamic_shape", "cache", "nrets", "factory")
 
     def __init__(self, op, lowering):
         schema = op._schema
@@ -80,7 +80,8 @@ class OpPlan:
         self.lowering = lowering
         args = schema.arguments
         kinds = [_kind(a) for a in args]
-        if not any(k in (TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST) for k in kinds):
+        self.factory = not any(k in (TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST) for k in kinds)
+        if self.factory:
             # factories (arange, full, scalar_tensor): their scalars decide shapes or are
             # constants of a program that has no inputs, so they key the cache by value
             kinds = [STATIC if k == SCALAR else k for k in kinds]
@@ -152,6 +153,9 @@ class OpPlan:
             gen.set_offset(offset + 1)
             dyns.append(gen.initial_seed() & 0x7FFFFFFFFFFFFFFF)
             dyns.append(offset)
+        if self.factory:
+            # dtype=None factories follow torch.get_default_dtype()
+            parts.append(torch.get_default_dtype())
         return (self.op, tuple(parts)), bufs, dyns
 
     def _tensor_part(self, t, bufs, dyns):
@@ -190,7 +194,7 @@ class OpPlan:
             elif v is not None:
                 mut_slots.append((i, None))
         fn = self._traceable(parts, mut_slots)
-        if self.dynamic_shape or meta is NotImplemented and not _traceable_shapes(fn, parts, self):
+        if meta is NotImplemented and not _traceable_shapes(fn, parts, self):
             # data-dependent result shapes (nonzero, masked_select, bool-mask indexing):
             # no single XLA program exists; run the lowering op by op on concrete arrays.
             metrics.count("dynamic_shape_ops")
@@ -388,6 +392,8 @@ def meta_run(plan, vals):
         return NotImplemented
     except RuntimeError as e:
         msg = str(e)
+        if plan.dynamic_shape:  # e.g. repeat_interleave without output_size: no meta shape
+            return NotImplemented
         if "Meta" in msg and ("could not run" in msg.lower() or "no kernel" in msg.lower()):
             return NotImplemented
         raise

@@ -12,7 +12,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from .pointwise import _like, _operands, _opmath, pointwise
+from .pointwise import _like, _operands, _opmath, _rounded, pointwise
 from .registry import aten, lowering
 
 _SQRT1_2 = math.sqrt(0.5)
@@ -196,8 +196,9 @@ def _hardswish(x):
 
 @pointwise(aten.hardswish_backward.default, operands=2)
 def _hardswish_backward(grad, x):
+    # torch takes the slopes of the outer pieces at the kinks: 0 at -3, 1 at 3
     middle = grad * (x / 3 + 0.5)
-    return jnp.where(x < -3, _zero(grad), jnp.where(x <= 3, middle, grad))
+    return jnp.where(x <= -3, _zero(grad), jnp.where(x < 3, middle, grad))
 
 
 @pointwise(aten.hardshrink.default)
@@ -222,12 +223,14 @@ def _shrink_backward(grad, x, lambd):
 # ---------------------------------------------------------------- logit
 @pointwise(aten.logit.default, int_to_float=True, opmath=False)
 def _logit(x, eps=None):
-    # torch clamps to [eps, 1 - eps] and forms x / (1 - x) in the input's own dtype (a
-    # 16-bit ratio is rounded before the log), so only the log runs in opmath
+    # torch clamps to [eps, 1 - eps] and forms x / (1 - x) in the input's own dtype; a
+    # 16-bit ratio is rounded before the log, which changes the log near x = 0.5
+    dtype = x.dtype
     if eps is not None and eps >= 0:  # torch ignores a negative eps
-        lo = jnp.asarray(eps, x.dtype)
+        lo = jnp.asarray(eps, dtype)
         x = jnp.clip(x, lo, 1 - lo)
-    return jnp.log((x / (1 - x)).astype(_opmath(x.dtype)))
+    x = x.astype(_opmath(dtype))
+    return jnp.log(_rounded(x / _rounded(1 - x, dtype), dtype))
 
 
 @pointwise(aten.logit_backward.default, operands=2, int_to_float=True)

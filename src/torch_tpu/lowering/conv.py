@@ -339,6 +339,58 @@ def _adaptive_max_pool2d_backward(grad_output, self, indices):
 @lowering(aten.adaptive_max_pool3d_backward.default)
 def _adaptive_max_pool3d_backward(grad_output, self, indices):
     return _scatter_by_index(grad_output, indices, self.shape, 3)
+
+
+def _max_unpool(x, indices, output_size):
+    """Write every value to the flat position its index names in a zero output plane."""
+    nd = len(output_size)
+    lead = x.shape[:x.ndim - nd]
+    rows = math.prod(lead)
+    out = jnp.zeros((rows, math.prod(output_size)), x.dtype)
+    out = out.at[jnp.arange(rows)[:, None], indices.reshape(rows, -1)].set(x.reshape(rows, -1))
+    return out.reshape(lead + tuple(output_size))
+
+
+@lowering(aten.max_unpool2d.default)
+def _max_unpool2d(self, indices, output_size):
+    return _max_unpool(self, indices, output_size)
+
+
+@lowering(aten.max_unpool3d.default)
+def _max_unpool3d(self, indices, output_size, stride, padding):
+    return _max_unpool(self, indices, output_size)
+
+
+# ---------------------------------------------------------------- im2col / col2im
+def _im2col(x, kernel, dilation, padding, stride):
+    """(N, C, H, W) -> (N, C * kh * kw, L): every window as a column, channel-major, as
+    nn.Unfold lays it out. A gather, so it is exact for every dtype."""
+    pads = [(0, 0)] * (x.ndim - 2) + [(p, p) for p in padding]
+    x = jnp.pad(x, pads)
+    index = []
+    for size, k, d, s in zip(x.shape[-2:], kernel, dilation, stride):
+        out = (size - d * (k - 1) - 1) // s + 1
+        index.append(np.arange(k)[:, None] * d + np.arange(out)[None, :] * s)  # (k, out)
+    rows, cols = index
+    cols_ = x[..., rows[:, None, :, None], cols[None, :, None, :]]  # (..., C, kh, kw, oh, ow)
+    lead = x.shape[:-2]
+    return cols_.reshape(lead[:-1] + (lead[-1] * math.prod(kernel), -1))
+
+
+@lowering(aten.im2col.default)
+def _im2col_lowering(self, kernel_size, dilation, padding, stride):
+    return _im2col(self, kernel_size, dilation, padding, stride)
+
+
+@lowering(aten.col2im.default)
+def _col2im(self, output_size, kernel_size, dilation, padding, stride):
+    # col2im (nn.Fold) sums overlapping windows back: exactly the transpose of im2col
+    channels = self.shape[-2] // math.prod(kernel_size)
+    image = self.shape[:-2] + (channels,) + tuple(output_size)
+    return _transpose_of(lambda x: _im2col(x, kernel_size, dilation, padding, stride), self,
+                         image)
+
+
 # ---------------------------------------------------------------- upsampling
 def _scale_value(size, out, scale):
     # torch's compute_scales_value, in float32: 1/scale_factor when one was given
@@ -369,30 +421,55 @@ def _nearest(x, output_size, scales, exact):
     return x
 
 
-def _linear_matrix(size, out, align_corners, scale, dtype):
-    """(out, size) weights of torch's linear interpolation (compute_source_index_and_lambda),
-    in the float type torch computes the source positions in."""
+_CUBIC_A = -0.75  # torch's bicubic convolution constant
+
+
+def _cubic_weights(t):
+    """torch's get_cubic_upsample_coefficients: the weights of the inputs at floor(src) - 1
+    .. floor(src) + 2 for the fractional offsets t."""
+    a = _CUBIC_A
+
+    def near(x):
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def _interp_matrix(size, out, align_corners, scale, dtype, cubic):
+    """(out, size) weights of torch's linear or cubic interpolation, with the source
+    positions computed in the float type torch uses (area_pixel_compute_source_index)."""
+    if out == size:  # torch copies when the size does not change, whatever the scale
+        return np.eye(size)
     ft = np.float64 if dtype == jnp.float64 else np.float32
     dst = np.arange(out, dtype=ft)
-    if out == size:
-        src = dst
-    elif align_corners:
+    if align_corners:
         src = dst * (ft(size - 1) / ft(out - 1) if out > 1 else ft(0))
     else:
-        src = np.maximum((dst + ft(0.5)) * ft(_scale_value(size, out, scale)) - ft(0.5), ft(0))
-    lo = np.minimum(np.floor(src).astype(np.int64), size - 1)
+        src = (dst + ft(0.5)) * ft(_scale_value(size, out, scale)) - ft(0.5)
+        if not cubic:
+            src = np.maximum(src, ft(0))  # linear clamps the position at 0; cubic does not
+    m = np.zeros((out, size), np.float64)
+    rows = np.arange(out)
+    base = np.floor(src).astype(np.int64)
+    if cubic:
+        for k, w in enumerate(_cubic_weights(src - base)):
+            np.add.at(m, (rows, np.clip(base - 1 + k, 0, size - 1)), w)
+        return m
+    lo = np.minimum(base, size - 1)
     hi = lo + (lo < size - 1)
     lam = np.clip(src - lo, 0, 1)
-    m = np.zeros((out, size), np.float64)
-    np.add.at(m, (np.arange(out), lo), 1 - lam)
-    np.add.at(m, (np.arange(out), hi), lam)
+    np.add.at(m, (rows, lo), 1 - lam)
+    np.add.at(m, (rows, hi), lam)
     return m
 
 
-def _linear(x, output_size, align_corners, scales):
+def _interpolate(x, output_size, align_corners, scales, cubic=False):
     x = _opmath(x)
     nd = len(output_size)
-    mats = [_linear_matrix(size, out, align_corners, scale, x.dtype)
+    mats = [_interp_matrix(size, out, align_corners, scale, x.dtype, cubic)
             for size, out, scale in zip(x.shape[-nd:], output_size, scales)]
     return _contract_trailing(x, mats)
 
@@ -404,33 +481,32 @@ def _transpose_of(forward, grad_output, input_size):
     return vjp(g)[0]
 
 
-def _register_upsample(nd):
-    for exact, prefix in ((False, "upsample_nearest"), (True, "_upsample_nearest_exact")):
-        forward = getattr(aten, f"{prefix}{nd}d").default
-        backward = getattr(aten, f"{prefix}{nd}d_backward").default
-
-        def nearest(self, output_size, *scales, _exact=exact):
-            return _nearest(self, output_size, scales, _exact)
-
-        def nearest_backward(grad_output, output_size, input_size, *scales, _exact=exact):
-            return _transpose_of(lambda x: _nearest(x, output_size, scales, _exact),
-                                 grad_output, input_size)
-
-        lowering(forward)(nearest)
-        lowering(backward)(nearest_backward)
-
-    name = {1: "upsample_linear1d", 2: "upsample_bilinear2d", 3: "upsample_trilinear3d"}[nd]
-
+def _register_nearest(name, exact):
     @lowering(getattr(aten, name).default)
-    def linear(self, output_size, align_corners, *scales):
-        return _linear(self, output_size, align_corners, scales)
+    def forward(self, output_size, *scales):
+        return _nearest(self, output_size, scales, exact)
 
     @lowering(getattr(aten, name + "_backward").default)
-    def linear_backward(grad_output, output_size, input_size, align_corners, *scales):
-        return _transpose_of(lambda x: _linear(x, output_size, align_corners, scales),
+    def backward(grad_output, output_size, input_size, *scales):
+        return _transpose_of(lambda x: _nearest(x, output_size, scales, exact), grad_output,
+                             input_size)
+
+
+def _register_interpolation(name, cubic):
+    @lowering(getattr(aten, name).default)
+    def forward(self, output_size, align_corners, *scales):
+        return _interpolate(self, output_size, align_corners, scales, cubic)
+
+    @lowering(getattr(aten, name + "_backward").default)
+    def backward(grad_output, output_size, input_size, align_corners, *scales):
+        return _transpose_of(lambda x: _interpolate(x, output_size, align_corners, scales, cubic),
                              grad_output, input_size)
 
 
 # the .vec overloads are CompositeImplicitAutograd and arrive here as these
-for _nd in (1, 2, 3):
-    _register_upsample(_nd)
+for _nd, _linear in ((1, "upsample_linear1d"), (2, "upsample_bilinear2d"),
+                     (3, "upsample_trilinear3d")):
+    _register_nearest(f"upsample_nearest{_nd}d", exact=False)
+    _register_nearest(f"_upsample_nearest_exact{_nd}d", exact=True)
+    _register_interpolation(_linear, cubic=False)
+_register_interpolation("upsample_bicubic2d", cubic=True)

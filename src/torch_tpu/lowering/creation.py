@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import torch
 
@@ -43,23 +42,28 @@ def _float_dtype(dtype):
 # ---------------------------------------------------------------- arange
 @lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def _arange(*scalars, dtype=None, layout=None, device=None, pin_memory=None):
-    """arange(end) / arange(start, end) / arange(start, end, step).
+    """arange(end) / arange(start, end) / arange(start, end, step), as torch's CPU kernel.
 
-    The length depends on the values, so they must be static Python numbers here (the
-    executor keys factory scalars by value); the values are start + step * i, computed in
-    double (int64 for integers) like torch's CPU kernel and then cast."""
+    The length depends on the values, so they arrive as static Python numbers (the
+    executor keys factory scalars by value)."""
     start, end, step = {1: (0, scalars[0], 1), 2: (*scalars, 1), 3: scalars}[len(scalars)]
-    if any(isinstance(s, jax.core.Tracer) for s in (start, end, step)):
-        raise TypeError("arange: start, end and step must be static numbers (they decide the length)")
-    integral = all(isinstance(s, int) for s in (start, end, step))
-    if dtype is not None:
-        out = _runtime.jax_dtype(dtype)
+    if dtype is None:
+        integral = all(isinstance(s, int) for s in (start, end, step))
+        dtype = torch.int64 if integral else torch.get_default_dtype()
+    out = _runtime.jax_dtype(dtype)
+    if jnp.issubdtype(out, jnp.floating):
+        # values in double, the length from the double quotient
+        length = math.ceil((end - start) / step)
+        return (start + step * jnp.arange(length, dtype=jnp.float64)).astype(out)
+    # integer results: torch truncates start, end and step to int64 first; int64 results
+    # take their length from those, other integer types from the original quotient
+    istart, iend, istep = int(start), int(end), int(step)
+    if dtype == torch.int64:
+        sign = (istep > 0) - (istep < 0)
+        length = int((iend - istart + istep - sign) / istep)
     else:
-        out = jnp.dtype(jnp.int64) if integral else _float_dtype(None)
-    length = max(0, math.ceil((end - start) / step))
-    if integral and jnp.issubdtype(out, jnp.integer):
-        return start + step * jnp.arange(length, dtype=jnp.int64)
-    return (start + step * jnp.arange(length, dtype=jnp.float64)).astype(out)
+        length = math.ceil((end - start) / step)
+    return (istart + istep * jnp.arange(length, dtype=jnp.int64)).astype(out)
 
 
 # ---------------------------------------------------------------- linspace / logspace

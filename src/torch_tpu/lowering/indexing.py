@@ -81,12 +81,15 @@ def _masked_put(self, mask, pos, values, accumulate):
     rest = self.ndim - pos - k
     lead = values.ndim - rest - 1  # which values dim (if any) runs over the True entries
     if lead >= 0 and values.shape[lead] != 1:
+        # one value per True entry: the k-th True position (row-major) takes entry k
         rank = jnp.cumsum(mask.reshape(-1)) - 1
         picked = jnp.take(values, jnp.clip(rank, 0, values.shape[lead] - 1), axis=lead)
         picked = picked.reshape(values.shape[:lead] + mask.shape + values.shape[lead + 1:])
     else:
-        squeezed = values.reshape(values.shape[:lead] + values.shape[lead + 1:]) if lead >= 0 else values
-        picked = squeezed.reshape(squeezed.shape[:max(lead, 0)] + (1,) * k + squeezed.shape[max(lead, 0):])
+        # the same values for every True entry: their (size-1 or absent) count dim becomes
+        # size-1 dims over the mask's dims
+        before, after = (values.shape[:lead], values.shape[lead + 1:]) if lead >= 0 else ((), values.shape)
+        picked = values.reshape(before + (1,) * k + after)
     picked = jnp.broadcast_to(picked, self.shape).astype(self.dtype)
     if accumulate:
         acc = _accumulate_dtype(self.dtype)
@@ -194,7 +197,6 @@ def _reduce_into(self, where, src, reduce, include_self=True):
     dtype = self.dtype
     acc = _accumulate_dtype(dtype)
     x, src = self.astype(acc), src.astype(acc)
-    hit = None
     if not include_self:
         hit = jnp.zeros(self.shape, jnp.bool_).at[where].set(True)
         x = jnp.where(hit, jnp.asarray(_IDENTITY[reduce](acc), acc), x)
@@ -423,11 +425,10 @@ def _unique(self, sorted=True, return_inverse=False):
 
 @lowering(aten.unique_dim.default)
 def _unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
-    dim = _dim(dim, self.ndim)
-    values, inverse, counts = jnp.unique(self, axis=dim, return_inverse=True, return_counts=True)
-    inverse = inverse.reshape(-1) if return_inverse else jnp.zeros((0,), jnp.int64)
-    counts = counts if return_counts else jnp.zeros((0,), jnp.int64)
-    return values, inverse.astype(jnp.int64), counts.astype(jnp.int64)
+    # torch's dim variants return inverse and counts whatever the flags say
+    values, inverse, counts = jnp.unique(self, axis=_dim(dim, self.ndim), return_inverse=True,
+                                         return_counts=True)
+    return values, inverse.reshape(-1).astype(jnp.int64), counts.astype(jnp.int64)
 
 
 @lowering(aten.unique_consecutive.default)
@@ -447,8 +448,9 @@ def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=Non
     else:
         values = jnp.take(self, first, axis=axis)
     inverse = (jnp.cumsum(starts) - 1).astype(jnp.int64)
-    inverse = (inverse.reshape(self.shape) if dim is None else inverse) if return_inverse \
-        else jnp.zeros((0,), jnp.int64)
-    counts = jnp.diff(jnp.append(first, n)).astype(jnp.int64) if return_counts \
-        else jnp.zeros((0,), jnp.int64)
-    return values, inverse, counts
+    counts = jnp.diff(jnp.append(first, n)).astype(jnp.int64)
+    if dim is not None:  # like unique_dim: inverse and counts whatever the flags say
+        return values, inverse, counts
+    empty = jnp.zeros((0,), jnp.int64)
+    return (values, inverse.reshape(self.shape) if return_inverse else empty,
+            counts if return_counts else empty)

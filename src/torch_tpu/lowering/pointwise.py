@@ -202,14 +202,26 @@ def _true_div(a, b):
     return a / b
 
 
-def _floor_div(a, b):
-    """Python's floor division, as torch's div_floor_integer / div_floor_floating."""
+def _rounded(x, dtype):
+    """`x` rounded to the precision of a 16-bit float `dtype`, staying in x's dtype. Where
+    torch computes step by step in such a dtype (its scalar_t arithmetic rounds each
+    result), this rounds where it does: XLA may keep the excess float32 precision even
+    through an astype() round trip, but never through reduce_precision."""
+    if not _is_float(dtype) or jnp.finfo(dtype).bits >= jnp.finfo(x.dtype).bits:
+        return x
+    info = jnp.finfo(dtype)
+    return lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
+def _floor_div(a, b, dtype):
+    """Python's floor division, as torch's div_floor_integer / div_floor_floating; float
+    steps round to `dtype` where torch's do."""
     a, b = jnp.broadcast_arrays(a, b)  # lax ops do not broadcast
     if not _is_float(a.dtype):
         q = lax.div(a, b)  # truncates
         return jnp.where((lax.rem(a, b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
     mod = lax.rem(a, b)
-    div = (a - mod) / b
+    div = _rounded(_rounded(a - mod, dtype) / b, dtype)
     div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
     floor = jnp.floor(div)
     floor = jnp.where(div - floor > 0.5, floor + 1, floor)
@@ -221,17 +233,18 @@ def _floor_div(a, b):
 def _div_mode(self, other, *, rounding_mode=None):
     if rounding_mode is None:
         return _true_div(self, other)
-    # torch rounds the quotient to a 16-bit dtype before truncating or flooring it, so
-    # these compute in the operands' own dtype rather than in opmath
-    a, b = _operands(self, other, opmath=False)
-    if rounding_mode == "trunc":
-        return lax.div(*jnp.broadcast_arrays(a, b)) if not _is_float(a.dtype) else jnp.trunc(a / b)
-    return _floor_div(a, b)
+    dtype = _result_dtype(self, other)
+    a, b = _operands(self, other)
+    if rounding_mode == "floor":
+        return _floor_div(a, b, dtype)
+    if not _is_float(a.dtype):
+        return lax.div(*jnp.broadcast_arrays(a, b))  # C integer division truncates
+    return jnp.trunc(_rounded(a / b, dtype))  # torch truncates the rounded quotient
 
 
-@pointwise(aten.floor_divide.default, aten.floor_divide.Scalar, operands=2, opmath=False)
-def _floor_divide(a, b):
-    return _floor_div(a, b)
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
+def _floor_divide(self, other):
+    return _div_mode(self, other, rounding_mode="floor")
 
 
 @pointwise(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor,
@@ -244,7 +257,8 @@ def _remainder(a, b):
 
 @pointwise(aten.fmod.Tensor, aten.fmod.Scalar, operands=2)
 def _fmod(a, b):
-    return lax.rem(*jnp.broadcast_arrays(a, b))  # C fmod / truncated integer remainder: the dividend's sign
+    # C's fmod and integer %: the result has the dividend's sign
+    return lax.rem(*jnp.broadcast_arrays(a, b))
 
 
 def _int_pow(base, exp):
@@ -304,6 +318,16 @@ def _xlog(log):
     return fn
 
 
+def _zeta(x, q):
+    """Hurwitz zeta with torch's domain rules (which JAX's zeta does not follow): inf at
+    x == 1, NaN for x < 1, inf at the poles q = 0, -1, ..., NaN for other q <= 0 unless x
+    is an integer."""
+    out = jsp.zeta(x, q)
+    out = jnp.where((q <= 0) & (x != jnp.floor(x)), jnp.nan, out)
+    out = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, out)
+    return jnp.where(x == 1, jnp.inf, jnp.where(x < 1, jnp.nan, out))
+
+
 # binary ops computing in floating point: int and bool operands promote to the default dtype
 _FLOAT_BINARY = [
     ([aten.atan2.default], jnp.arctan2),
@@ -315,7 +339,7 @@ _FLOAT_BINARY = [
     ([aten.special_xlog1py.default, aten.special_xlog1py.self_scalar,
       aten.special_xlog1py.other_scalar], _xlog(jnp.log1p)),
     ([aten.special_zeta.default, aten.special_zeta.self_scalar,
-      aten.special_zeta.other_scalar], jsp.zeta),
+      aten.special_zeta.other_scalar], _zeta),
     ([aten.igamma.default], jsp.gammainc),
     ([aten.igammac.default], jsp.gammaincc),
     ([aten.ldexp.Tensor], lambda x, e: x * jnp.exp2(e)),
