@@ -319,3 +319,11 @@ def test_repeat_interleave_tensor_repeats():
     x, r = randn(3, 2), torch.tensor([1, 0, 2])
     torch.testing.assert_close(x.to("tpu").repeat_interleave(r.to("tpu"), dim=0).cpu(),
                                x.repeat_interleave(r, dim=0))
+
+
+@pytest.mark.parametrize("invert", [False, True])
+def test_isin_overloads(invert):
+    a = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    for args in [(a, torch.tensor([2, 5])), (a, 3), (3, a)]:
+        targs = [x.to("tpu") if isinstance(x, torch.Tensor) else x for x in args]
+        assert torch.equal(torch.isin(*targs, invert=invert).cpu(), torch.isin(*args, invert=invert))

@@ -454,3 +454,12 @@ def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=Non
     empty = jnp.zeros((0,), jnp.int64)
     return (values, inverse.reshape(self.shape) if return_inverse else empty,
             counts if return_counts else empty)
+
+
+# ---------------------------------------------------------------- membership
+@lowering(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
+def _isin(elements, test_elements, *, assume_unique=False, invert=False):
+    # one broadcast comparison: HF generation calls this with a handful of stop tokens
+    test = jnp.ravel(jnp.asarray(test_elements))
+    found = jnp.any(jnp.asarray(elements)[..., None] == test, axis=-1)
+    return jnp.logical_not(found) if invert else found
