@@ -386,6 +386,19 @@ def test_qr_modes_and_svd_shapes():
         assert_close(out[1], ref[1])
 
 
+@pytest.mark.parametrize("p,mode", [(0, None), (1, None), (2, "donot_use_mm_for_euclid_dist"),
+                                    (2, "use_mm_for_euclid_dist"), (3, None), (0.5, None),
+                                    (float("inf"), None)])
+def test_cdist(p, mode):
+    a, b = sample(torch.float32, (2, 3, 4)), sample(torch.float32, (2, 5, 4), seed=1)
+    b[0, 0] = a[0, 1]  # a zero distance: torch's gradient convention there is 0
+    kw = {} if mode is None else dict(compute_mode=mode)
+    out, ref = run_both(lambda x, y: torch.cdist(x, y, p, **kw), a, b)
+    assert_close(out, ref, atol=1e-3, rtol=1e-4)  # the product form cancels near 0
+    if mode != "use_mm_for_euclid_dist":
+        grads_match(lambda x, y: torch.cdist(x, y, p, **kw), a, b)
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "torch's det/slogdet backward picks the LU of A^T or of A by A.is_contiguous(), which a "
     "lowering cannot see; _linalg_det factors A^T, correct for contiguous A only"))

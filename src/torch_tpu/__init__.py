@@ -21,6 +21,18 @@ from . import metrics  # noqa: E402
 
 _dispatch.register()
 
+from .eager.modes import EagerMode, eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
+from .eager import modes as _modes  # noqa: E402
+
+_modes.init_from_env()
+
 set_cpu_fallback = _dispatch.set_cpu_fallback
 
-__all__ = ["metrics", "set_cpu_fallback"]
+
+def sync() -> None:
+    """Run everything deferred so far and wait for it (same as torch.tpu.synchronize())."""
+    torch_tpu_module.synchronize()
+
+
+__all__ = ["EagerMode", "eager_mode", "get_eager_mode", "metrics", "set_cpu_fallback",
+           "set_eager_mode", "sync"]

@@ -1,18 +1,121 @@
-"""The current eager mode and its executor."""
+"""The eager mode API: which executor runs the ops of this thread.
+
+Names follow the reference system (TorchTPU): DEFER_NEVER is Strict (default),
+DEFER_NEVER_AND_LAUNCH_BLOCKING is Debug, DEFER_AND_FUSE is the fusing mode. A global mode
+is set with `set_eager_mode` (or the environment), and `with eager_mode(m):` overrides it
+for the current thread, the innermost block winning. Every switch first runs whatever the
+mode being left has deferred.
+"""
 from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import threading
 
 from .strict import StrictExecutor
 
-_STRICT = StrictExecutor()
-_current = [_STRICT]
+
+class EagerMode(enum.Enum):
+    STRICT = "strict"
+    DEBUG = "debug"
+    DEFER_AND_FUSE = "defer_and_fuse"
+    DEFER_NEVER = "strict"
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "debug"
+
+
+def _make_executors():
+    from .debug import DebugExecutor
+    from .defer import DeferExecutor
+
+    return {EagerMode.STRICT: StrictExecutor(), EagerMode.DEBUG: DebugExecutor(),
+            EagerMode.DEFER_AND_FUSE: DeferExecutor()}
+
+
+_EXECUTORS = {EagerMode.STRICT: StrictExecutor()}
+
+
+def _env_mode() -> EagerMode:
+    if os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", "0") not in ("", "0"):
+        return EagerMode.DEBUG
+    if os.environ.get("TORCH_TPU_DEFER_AND_FUSE", "0") not in ("", "0"):
+        return EagerMode.DEFER_AND_FUSE
+    return EagerMode.STRICT
+
+
+class _State(threading.local):
+    def __init__(self):
+        self.stack = []          # modes entered with `eager_mode(...)` on this thread
+        self.executor = None     # this thread's current executor, None = the global one
+
+
+_tls = _State()
+_global = {"mode": EagerMode.STRICT, "executor": _EXECUTORS[EagerMode.STRICT]}
 
 
 def executor():
-    return _current[0]
+    ex = _tls.executor
+    return _global["executor"] if ex is None else ex
+
+
+def _executor_for(mode: EagerMode):
+    if mode not in _EXECUTORS:
+        _EXECUTORS.update({m: e for m, e in _make_executors().items() if m not in _EXECUTORS})
+    return _EXECUTORS[mode]
+
+
+def _coerce(mode) -> EagerMode:
+    if isinstance(mode, EagerMode):
+        return mode
+    if isinstance(mode, str):
+        try:
+            return EagerMode[mode.upper()]
+        except KeyError:
+            return EagerMode(mode.lower())
+    raise TypeError(f"expected a torch_tpu.EagerMode, got {mode!r}")
 
 
 def flush_pending() -> None:
-    """Run whatever the current mode has deferred (nothing, in Strict)."""
-    flush = getattr(_current[0], "flush", None)
-    if flush is not None:
-        flush()
+    """Run whatever the current mode has deferred (nothing in Strict and Debug)."""
+    ex = executor()
+    if ex.deferred:
+        ex.flush("sync")
+
+
+def _switch_flush() -> None:
+    for ex in _EXECUTORS.values():
+        if ex.deferred:
+            ex.flush("mode_change")
+
+
+def get_eager_mode() -> EagerMode:
+    return _tls.stack[-1] if _tls.stack else _global["mode"]
+
+
+def set_eager_mode(mode) -> None:
+    """Set the process-wide eager mode (a thread inside `eager_mode(...)` keeps its own)."""
+    mode = _coerce(mode)
+    _switch_flush()
+    _global["mode"] = mode
+    _global["executor"] = _executor_for(mode)
+
+
+@contextlib.contextmanager
+def eager_mode(mode):
+    """Run the block in `mode` on this thread; the innermost block wins."""
+    mode = _coerce(mode)
+    _switch_flush()
+    _tls.stack.append(mode)
+    _tls.executor = _executor_for(mode)
+    try:
+        yield
+    finally:
+        _switch_flush()
+        _tls.stack.pop()
+        _tls.executor = _executor_for(_tls.stack[-1]) if _tls.stack else None
+
+
+def init_from_env() -> None:
+    mode = _env_mode()
+    if mode is not EagerMode.STRICT:
+        set_eager_mode(mode)

@@ -56,7 +56,10 @@ def assemble(structure, vals, fresh):
 
 
 class StrictExecutor:
+    """Each op runs at once; nothing is deferred."""
+
     name = "strict"
+    deferred = False
 
     def execute(self, plan, vals):
         key, bufs, dyns = plan.scan(vals)

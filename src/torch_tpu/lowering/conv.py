@@ -372,9 +372,10 @@ def _im2col(x, kernel, dilation, padding, stride):
         out = (size - d * (k - 1) - 1) // s + 1
         index.append(np.arange(k)[:, None] * d + np.arange(out)[None, :] * s)  # (k, out)
     rows, cols = index
-    cols_ = x[..., rows[:, None, :, None], cols[None, :, None, :]]  # (..., C, kh, kw, oh, ow)
+    windows = x[..., rows[:, None, :, None], cols[None, :, None, :]]  # (..., C, kh, kw, oh, ow)
     lead = x.shape[:-2]
-    return cols_.reshape(lead[:-1] + (lead[-1] * math.prod(kernel), -1))
+    # sizes spelled out: -1 is ambiguous for an empty batch
+    return windows.reshape(lead[:-1] + (lead[-1] * math.prod(kernel), rows.shape[1] * cols.shape[1]))
 
 
 @lowering(aten.im2col.default)

@@ -10,7 +10,9 @@ Decompositions return what torch's LAPACK-backed kernels return: LU factors pack
 1-based int32 pivots (torch's backward formulas feed them to `linalg_lu_solve`), `info`
 as the 1-based index of the first zero pivot / failed minor, and empty tensors for the
 outputs a flag turns off. `check_errors=True` cannot raise from inside a compiled XLA
-computation, so the `_ex` ops report failures only through `info`.
+computation, so the `_ex` ops report failures only through `info`; the public functions
+(linalg.inv, linalg.cholesky, linalg.solve, ...) still raise torch's errors, because torch
+checks `info` in a separate `_linalg_check_errors` call.
 """
 from __future__ import annotations
 
@@ -43,9 +45,13 @@ def _matmul(a, b):
 
 
 def _scaled_add(self, product, beta, alpha):
-    """beta * self + alpha * product. torch ignores `self` when beta == 0 (its NaN and
-    inf do not propagate); beta is a Scalar and may be traced, hence the select."""
+    """beta * self + alpha * product. torch converts beta and alpha to the computation
+    type first (so for integer tensors beta=0.5 is 0) and ignores `self` when beta == 0
+    (its NaN and inf do not propagate); beta is a Scalar and may be traced, hence the
+    select instead of a Python branch."""
     self = self.astype(product.dtype)
+    beta = jnp.asarray(beta).astype(product.dtype)
+    alpha = jnp.asarray(alpha).astype(product.dtype)
     scaled_self = jnp.where(beta == 0, jnp.zeros_like(self), self * beta)
     return scaled_self + product * alpha
 
@@ -298,7 +304,9 @@ def _linalg_solve_triangular(self, B, *, upper, left=True, unitriangular=False):
 # ---------------------------------------------------------------- Cholesky
 def _cholesky(A):
     """Lower Cholesky factor reading A's lower triangle, as LAPACK potrf('L') does.
-    Not positive-definite gives NaN in the factor, reported through info."""
+    XLA marks a matrix that is not positive-definite with NaN in the factor (XLA:CPU
+    fills all of it), so info is nonzero exactly on failure but may name an earlier
+    minor than LAPACK's order."""
     L = lax.linalg.cholesky(A, symmetrize_input=False)
     diag = jnp.diagonal(L, axis1=-2, axis2=-1)
     return L, _first_index_plus_one(jnp.isnan(diag))
@@ -373,12 +381,70 @@ def _linalg_pinv(self, *, atol=None, rtol=None, hermitian=False):
     else:
         rtol_ = default_rtol
     if hermitian:
-        s, u = jnp.linalg.eigh(self)
+        s, u = jnp.linalg.eigh(self, symmetrize_input=False)  # torch reads the lower triangle
         mag = jnp.abs(s)
-        tol = jnp.maximum(atol_[..., None], rtol_[..., None] * jnp.max(mag, -1, keepdims=True))
+        tol = jnp.maximum(atol_[..., None], rtol_[..., None] * jnp.max(mag, -1, keepdims=True, initial=0))
         s_inv = jnp.where(mag > tol, 1 / s, 0).astype(self.dtype)
         return _matmul(u * s_inv[..., None, :], _mH(u))
     u, s, vh = jnp.linalg.svd(self, full_matrices=False)
     tol = jnp.maximum(atol_[..., None], rtol_[..., None] * s[..., :1])
     s_inv = jnp.where(s > tol, 1 / s, 0).astype(self.dtype)
     return _matmul(_mH(vh) * s_inv[..., None, :], _mH(u))
+
+
+# ---------------------------------------------------------------- pairwise distances
+def _use_mm_for_euclid(p, compute_mode, x1, x2):
+    """torch's cdist rule: p=2 goes through the |a|^2 + |b|^2 - 2ab product form when
+    asked (mode 1), or by default (mode None/0) once either side has more than 25 rows."""
+    if p != 2 or compute_mode == 2:
+        return False
+    return compute_mode == 1 or x1.shape[-2] > 25 or x2.shape[-2] > 25
+
+
+@lowering(aten._cdist_forward.default)
+def _cdist_forward(x1, x2, p, compute_mode):
+    if _use_mm_for_euclid(p, compute_mode, x1, x2):
+        # torch's _euclidean_dist: the norms ride inside one product, [-2a, |a|^2, 1] .
+        # [b, 1, |b|^2], so the rounding (and cancellation) matches its kernel
+        sq1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+        sq2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+        a = jnp.concatenate([-2 * x1, sq1, jnp.ones_like(sq1)], axis=-1)
+        b = jnp.concatenate([x2, jnp.ones_like(sq2), sq2], axis=-1)
+        return jnp.sqrt(jnp.maximum(_matmul(a, _mT(b)), 0))
+    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
+    if p == 0:
+        return jnp.sum(diff != 0, axis=-1).astype(x1.dtype)
+    if p == 1:
+        return jnp.sum(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    if p == float("inf"):
+        return jnp.max(diff, axis=-1, initial=0)
+    return jnp.sum(diff ** p, axis=-1) ** (1 / p)
+
+
+@lowering(aten._cdist_backward.default)
+def _cdist_backward(grad, x1, x2, p, cdist):
+    """Gradient of cdist wrt x1, with torch's conventions: zero where the distance is 0
+    (and, for p < 1, where a coordinate difference is 0)."""
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    dist = cdist[..., None]
+    g = grad[..., None]
+    zero = jnp.zeros_like(diff)
+    if p == 0:
+        return jnp.zeros_like(x1)
+    if p == 1:
+        term = jnp.sign(diff) * g
+    elif p == 2:
+        term = jnp.where(dist == 0, zero, diff * g / jnp.where(dist == 0, 1, dist))
+    elif p == float("inf"):
+        term = jnp.sign(diff) * (jnp.abs(diff) == dist) * g
+    else:
+        safe_dist = jnp.where(dist == 0, 1, dist)
+        if p < 1:
+            mag = jnp.abs(jnp.where(diff == 0, 1, diff)) ** (p - 1)
+            term = jnp.where((dist == 0) | (diff == 0), zero,
+                             jnp.sign(diff) * mag * g / safe_dist ** (p - 1))
+        else:
+            term = jnp.where(dist == 0, zero, diff * jnp.abs(diff) ** (p - 2) * g / safe_dist ** (p - 1))
+    return jnp.sum(term, axis=-2)

@@ -120,6 +120,19 @@ def _opmath(dt):
         and not jnp.issubdtype(dt, jnp.complexfloating) else jnp.dtype(dt)
 
 
+def _rounded(x, dtype):
+    """`x` rounded to the precision of a 16-bit float `dtype`, staying in x's dtype. Where
+    torch computes step by step in such a dtype (its scalar_t arithmetic rounds each
+    result), this rounds where it does: XLA may keep the excess float32 precision even
+    through an astype() round trip, but never through reduce_precision."""
+    real = jnp.floating
+    if not (jnp.issubdtype(dtype, real) and jnp.issubdtype(x.dtype, real)) \
+            or jnp.finfo(dtype).bits >= jnp.finfo(x.dtype).bits:
+        return x
+    info = jnp.finfo(dtype)
+    return lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
 def _like(scalar, x):
     """A Scalar argument (alpha, value, weight, ...) in `x`'s dtype. torch converts these
     straight to the opmath type, without rounding them to a 16-bit dtype first."""
@@ -139,10 +152,12 @@ def _operands(*xs, int_to_float=False, opmath=True, exact=()):
     for i, x in enumerate(xs):
         if x is None:
             out.append(None)
-        elif i in exact and jnp.ndim(x) == 0:
-            out.append(jnp.asarray(x).astype(math))
+            continue
+        x = jnp.asarray(x)
+        if x.dtype == dt or (i in exact and x.ndim == 0):
+            out.append(x.astype(math))
         else:
-            out.append(jnp.asarray(x).astype(dt).astype(math))
+            out.append(_rounded(x.astype(dt).astype(math), dt))
     return out
 
 
@@ -172,7 +187,7 @@ def _add_or_sub(self, other, alpha, sign):
     a, b = _operands(self, other)
     if not (isinstance(alpha, int) and alpha == 1):
         # torch rounds alpha to the common dtype, then multiply-adds in opmath
-        alpha = jnp.asarray(alpha).astype(_result_dtype(self, other)).astype(a.dtype)
+        alpha = _rounded(jnp.asarray(alpha).astype(a.dtype), _result_dtype(self, other))
         b = alpha * b
     return a + b if sign > 0 else a - b
 
@@ -200,17 +215,6 @@ def _mul(a, b):
 @pointwise(aten.div.Tensor, aten.div.Scalar, operands=2, int_to_float=True, exact=(1,))
 def _true_div(a, b):
     return a / b
-
-
-def _rounded(x, dtype):
-    """`x` rounded to the precision of a 16-bit float `dtype`, staying in x's dtype. Where
-    torch computes step by step in such a dtype (its scalar_t arithmetic rounds each
-    result), this rounds where it does: XLA may keep the excess float32 precision even
-    through an astype() round trip, but never through reduce_precision."""
-    if not _is_float(dtype) or jnp.finfo(dtype).bits >= jnp.finfo(x.dtype).bits:
-        return x
-    info = jnp.finfo(dtype)
-    return lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
 def _floor_div(a, b, dtype):
@@ -286,7 +290,13 @@ def _pow(base, exp):
         return _int_pow(base.astype(jnp.int64), exp.astype(jnp.int64))
     if _is_int(base):
         return _int_pow(base, exp)
-    return lax.pow(*jnp.broadcast_arrays(base, exp))
+    general = lax.pow(*jnp.broadcast_arrays(base, exp))
+    if jnp.ndim(exp) != 0:
+        return general
+    # A Scalar exponent is traced, so XLA cannot specialize x ** 2 itself. torch's kernel
+    # computes these common exponents as products and sqrt: select those, exact like it.
+    return jnp.select([exp == 2, exp == 3, exp == 0.5],
+                      [base * base, base * base * base, jnp.sqrt(base)], general)
 
 
 @pointwise(aten.maximum.default, operands=2)
