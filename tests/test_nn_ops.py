@@ -123,6 +123,11 @@ CASES = [
     Case("adaptive_avg_pool3d", lambda x: F.adaptive_avg_pool3d(x, (2, 3, 4)),
          randn(1, 2, 5, 6, 5)),
     Case("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (3, 5)), randn(2, 3, 7, 8)),
+    Case("max_unpool2d", lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2),
+         randn(1, 2, 4, 6)),
+    Case("unfold", lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)),
+         randn(2, 3, 5, 6)),
+    Case("fold", lambda x: F.fold(x, (4, 5), (2, 2), padding=1), randn(2, 12, 30)),
     # upsampling
     Case("interpolate_nearest_x2", lambda x: F.interpolate(x, scale_factor=2), randn(1, 2, 3, 4)),
     Case("interpolate_nearest_size", lambda x: F.interpolate(x, size=(7, 3)), randn(1, 2, 5, 6)),
@@ -134,6 +139,8 @@ CASES = [
     Case("interpolate_bilinear_align_corners",
          lambda x: F.interpolate(x, scale_factor=(1.5, 0.6), mode="bilinear", align_corners=True),
          randn(2, 3, 5, 6)),
+    Case("interpolate_bicubic", lambda x: F.interpolate(x, size=(7, 4), mode="bicubic"),
+         randn(1, 2, 5, 6)),
     Case("interpolate_linear", lambda x: F.interpolate(x, scale_factor=2.5, mode="linear"),
          randn(2, 3, 7)),
 ]

@@ -183,7 +183,7 @@ def set_cpu_fallback(enabled: bool) -> None:
 
 def _to_cpu_tree(v):
     if isinstance(v, torch.Tensor) and v.device.type == "tpu":
-        return to_cpu(v)
+        return to_cpu(v).clone()  # a resizable host copy: out= ops may resize it
     if isinstance(v, (list, tuple)):
         return type(v)(_to_cpu_tree(x) for x in v)
     if isinstance(v, torch.device) and v.type == "tpu":
@@ -228,7 +228,8 @@ def cpu_fallback(op, args, kwargs, reason):
 
 def _retarget(out, mutated):
     if isinstance(out, torch.Tensor):
-        return mutated.get(id(out)) or _upload(out)
+        m = mutated.get(id(out))
+        return m if m is not None else _upload(out)
     if isinstance(out, (list, tuple)):
         return type(out)(_retarget(o, mutated) for o in out)
     return out

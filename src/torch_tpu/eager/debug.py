@@ -1,8 +1,437 @@
-"""Debug eager mode: Strict plus waiting for every op and checking it."""
+"""Debug eager mode: Strict plus waiting for every op and checking it.
+
+Each op runs as in Strict, then waits for its result (`block_until_ready`), so an error
+surfaces at the line that caused it. Then, per op:
+
+- bounds: index tensors of the indexing family (index, index_put, gather, scatter,
+  embedding, index_select, take, nll_loss, ...) are read on the host *before* the op runs.
+  XLA clamps or drops out-of-range indices silently; torch's CUDA raises a device-side
+  assert. Debug raises `TpuIndexError` instead, naming the op, the value and the size.
+- NaN/Inf: a floating result that holds NaN or Inf raises `TpuNonFiniteError`, unless an
+  input already held one (then the op only propagated it: the producer is the op to name).
+  `TORCH_TPU_DEBUG_NAN_CHECK=0` turns it off.
+- CPU shadow (`TORCH_TPU_DEBUG_CPU_CHECK=1`): the op runs again on CPU on the host values
+  of its inputs; a result that differs beyond a per-dtype tolerance raises
+  `TpuCpuMismatchError`.
+
+Every error names the op and the user's line: the first stack frame outside torch and
+torch_tpu (for an op that runs in backward, the line that called `backward()`). The flags
+are read per op, so they can change while the mode is on.
+"""
 from __future__ import annotations
 
+import linecache
+import os
+import sys
+import threading
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .. import _dispatch, _runtime, _storage, metrics
 from .strict import StrictExecutor
 
 
+class TpuDebugError(RuntimeError):
+    """An error found by a Debug mode check; the message names the op and the user's line."""
+
+
+class TpuIndexError(TpuDebugError, IndexError):
+    """An index outside its dimension (XLA would have clamped or dropped it silently)."""
+
+
+class TpuNonFiniteError(TpuDebugError):
+    """An op produced NaN or Inf from inputs that held none."""
+
+
+class TpuCpuMismatchError(TpuDebugError):
+    """An op's result differs from the same op run on CPU beyond tolerance."""
+
+
+def _flag(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    return default if v is None else v.strip().lower() not in ("", "0", "false", "off", "no")
+
+
+# ---------------------------------------------------------------- the user's line
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP = (os.path.dirname(torch.__file__) + os.sep, _PACKAGE + os.sep)
+
+
+def _outside(frame):
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if not fn.startswith(_SKIP) and not fn.startswith("<frozen"):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _describe_frame(frame) -> str:
+    fn, line = frame.f_code.co_filename, frame.f_lineno
+    text = linecache.getline(fn, line).strip()
+    return f"{fn}:{line} in {frame.f_code.co_name}" + (f"\n    {text}" if text else "")
+
+
+def user_location() -> str:
+    """Where user code called the op running now: the first frame outside torch and
+    torch_tpu. Backward ops run on the autograd engine's device thread, which has no user
+    frame; then the line is the one that called backward(), found on the waiting thread."""
+    frame = _outside(sys._getframe(1))
+    if frame is not None:
+        return _describe_frame(frame)
+    me = threading.get_ident()
+    for tid, top in sys._current_frames().items():
+        if tid == me:
+            continue
+        f = top
+        while f is not None and f.f_code.co_name != "_engine_run_backward":
+            f = f.f_back
+        if f is not None:
+            frame = _outside(f)
+            if frame is not None:
+                return "backward() called at " + _describe_frame(frame)
+    return "<no user frame: called from torch internals>"
+
+
+_NAMES: dict = {}
+
+
+def op_name(plan) -> str:
+    name = _NAMES.get(plan.op)
+    if name is None:
+        schema = plan.op._schema
+        name = _NAMES[plan.op] = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+    return name
+
+
+# ---------------------------------------------------------------- host values
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """The value of a tensor on the host (a debug read, not counted as a user sync)."""
+    if t.device.type != "tpu":
+        return t
+    return _runtime.to_host(_dispatch.materialize(t), t.dtype).reshape(t.shape)
+
+
+def _tensors(x, out):
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _tensors(y, out)
+    return out
+
+
+def _outputs(plan, vals, result):
+    """The tpu tensors an op wrote: its results and its mutated arguments, each once."""
+    ts = _tensors(result, [])
+    for i in plan.mutable:
+        _tensors(vals[i], ts)
+    seen, out = set(), []
+    for t in ts:
+        if t.device.type == "tpu" and id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+def _is_float(dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+# ---------------------------------------------------------------- bounds
+def _dim_size(t, dim):
+    if t.dim() == 0:
+        return 0, 1  # torch treats a 0-dim tensor as 1-D here
+    return dim + t.dim() if dim < 0 else dim, t.shape[dim]
+
+
+def _along_dim(negative_ok):
+    """(self, dim, index, ...) ops: gather, scatter*, index_select/add/copy/fill/reduce."""
+    def check(vals):
+        dim, size = _dim_size(vals[0], vals[1])
+        return [("index", vals[2], dim, size, negative_ok, None)]
+    return check
+
+
+def _advanced(vals):
+    """index / index_put: one index per dim; a boolean mask covers as many dims as it has."""
+    self, out, dim = vals[0], [], 0
+    for i, idx in enumerate(vals[1]):
+        if idx is None:
+            dim += 1
+        elif idx.dtype in (torch.bool, torch.uint8):
+            dim += idx.dim()
+        else:
+            if dim < self.dim():
+                out.append((f"indices[{i}]", idx, dim, self.shape[dim], True, None))
+            dim += 1
+    return out
+
+
+def _flat(vals):
+    return [("index", vals[1], None, vals[0].numel(), True, None)]
+
+
+def _nll(self_i, target_i, ignore_i):
+    def check(vals):
+        x = vals[self_i]
+        classes = x.shape[0] if x.dim() == 1 else x.shape[1]
+        return [("target", vals[target_i], "classes", classes, False, vals[ignore_i])]
+    return check
+
+
+# op name (namespace::name, in-place `_` stripped) -> vals -> [(argument, index tensor,
+# dim (None: flat, "classes": a class target), size, negative indices wrap, ignored value)]
+_BOUNDS = {
+    "aten::embedding": lambda v: [("indices", v[1], 0, v[0].shape[0], False, None)],
+    "aten::embedding_dense_backward": lambda v: [("indices", v[1], 0, v[2], False, None)],
+    "aten::index": _advanced,
+    "aten::_unsafe_index": _advanced,
+    "aten::index_put": _advanced,
+    "aten::_unsafe_index_put": _advanced,
+    "aten::_index_put_impl": _advanced,
+    "aten::gather": _along_dim(False),
+    "aten::scatter": _along_dim(False),
+    "aten::scatter_add": _along_dim(False),
+    "aten::scatter_reduce": _along_dim(False),
+    "aten::index_select": _along_dim(False),
+    "aten::index_add": _along_dim(False),
+    "aten::index_copy": _along_dim(False),
+    "aten::index_reduce": _along_dim(False),
+    "aten::index_fill": _along_dim(True),
+    "aten::take": _flat,
+    "aten::put": _flat,
+    "aten::nll_loss_forward": _nll(0, 1, 4),
+    "aten::nll_loss2d_forward": _nll(0, 1, 4),
+    "aten::nll_loss_backward": _nll(1, 2, 5),
+    "aten::nll_loss2d_backward": _nll(1, 2, 5),
+}
+
+_NO_CHECK = object()
+_BOUNDS_BY_OP: dict = {}
+
+
+def _bounds_checker(plan):
+    check = _BOUNDS_BY_OP.get(plan.op, _NO_CHECK)
+    if check is _NO_CHECK:
+        name = plan.op._schema.name
+        check = _BOUNDS_BY_OP[plan.op] = _BOUNDS.get(name[:-1] if name.endswith("_") else name)
+    return check
+
+
+def check_bounds(plan, vals) -> None:
+    check = _bounds_checker(plan)
+    if check is None:
+        return
+    for arg, idx, dim, size, negative_ok, ignore in check(vals):
+        if not isinstance(idx, torch.Tensor) or idx.numel() == 0:
+            continue
+        metrics.count("debug.bounds_checks")
+        h = _host(idx)
+        bad = (h < (-size if negative_ok else 0)) | (h >= size)
+        if ignore is not None:
+            bad &= h != ignore
+        if not bool(bad.any()):
+            continue
+        pos = tuple(bad.nonzero()[0].tolist())
+        value = int(h[pos])
+        if dim == "classes":
+            what = f"target {value} is out of bounds for {size} classes"
+        elif dim is None:
+            what = f"index {value} is out of bounds for a tensor of {size} elements"
+        else:
+            what = f"index {value} is out of bounds for dimension {dim} with size {size}"
+        at = f" at position {list(pos)}" if pos else ""
+        raise TpuIndexError(
+            f"torch_tpu debug: {op_name(plan)}: {what} (argument '{arg}'{at}; XLA would "
+            f"clamp or drop it silently)\n  at {user_location()}")
+
+
+# ---------------------------------------------------------------- NaN / Inf
+@jax.jit
+def _all_finite(flat):
+    return jnp.isfinite(flat).all()
+
+
+def _finite_buffer(buf) -> bool:
+    return bool(_all_finite(buf))
+
+
+def _snapshot(vals):
+    """Each floating input's buffer and view before the op (buffers are immutable, so a
+    later in-place write does not change what this reads), and whether a number argument
+    is already NaN or Inf."""
+    tensors, numbers_finite = [], True
+    for v in vals:
+        for x in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(x, torch.Tensor):
+                if _is_float(x.dtype):
+                    rec = getattr(x.untyped_storage(), _storage.ATTR, None)
+                    if x.device.type != "tpu" or rec is not None:
+                        tensors.append((x, rec, tuple(x.shape), tuple(x.stride()), x.storage_offset()))
+            elif isinstance(x, (float, complex)) and not _finite_number(x):
+                numbers_finite = False
+    return tensors, numbers_finite
+
+
+def _finite_number(x) -> bool:
+    return all(v == v and abs(v) != float("inf") for v in ((x.real, x.imag) if isinstance(x, complex) else (x,)))
+
+
+def _inputs_finite(snapshot) -> bool:
+    tensors, numbers_finite = snapshot
+    if not numbers_finite:
+        return False
+    for t, rec, shape, stride, offset in tensors:
+        if rec is None:  # a CPU 0-dim tensor beside tpu ones
+            if not bool(torch.isfinite(t).all()):
+                return False
+            continue
+        buf, n, bdt = rec
+        if buf.is_deleted() or _finite_buffer(buf):
+            continue
+        # the storage holds NaN/Inf somewhere: look at this view only
+        view = _dispatch._materializer(shape, stride, offset, n, bdt, t.dtype)(buf)
+        if not bool(_all_finite(view.reshape(-1))):
+            return False
+    return True
+
+
+def _nonfinite_message(t) -> str:
+    h = _host(t)
+    nan = torch.isnan(h)
+    inf = torch.isinf(h)
+    first = tuple((nan | inf).nonzero()[0].tolist())
+    kind = "NaN" if bool(nan.any()) else "Inf"
+    return (f"{kind} ({int(nan.sum())} NaN, {int(inf.sum())} Inf of {h.numel()} elements; "
+            f"first at index {list(first)}: {h[first].item()})")
+
+
+def check_finite(plan, outs, snapshot) -> None:
+    for k, t in enumerate(outs):
+        if not _is_float(t.dtype):
+            continue
+        metrics.count("debug.nan_checks")
+        buf = _storage.record(t.untyped_storage(), t.dtype)[0]
+        if _finite_buffer(buf) or bool(_all_finite(_dispatch.materialize(t).reshape(-1))):
+            continue
+        if not _inputs_finite(snapshot):
+            return  # propagated: the op that made the first NaN/Inf was already named
+        which = f"result {k}" if len(outs) > 1 else "its result"
+        raise TpuNonFiniteError(
+            f"torch_tpu debug: {op_name(plan)} produced {_nonfinite_message(t)} in {which}, "
+            f"from inputs with no NaN or Inf\n  at {user_location()}")
+
+
+# ---------------------------------------------------------------- CPU shadow
+# rtol, atol (atol scales with the largest magnitude of the expected result)
+_TOLERANCE = {
+    torch.float64: (1e-7, 1e-7), torch.complex128: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-5), torch.complex64: (1e-4, 1e-5),
+    torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 8e-3),
+}
+
+
+def _shadowable(plan) -> bool:
+    # seeded ops draw from a different generator on CPU; empty* results are uninitialized
+    return not plan.seeded and "empty" not in plan.op._schema.name
+
+
+def _cpu_args(vals):
+    return [_cpu_value(v) for v in vals]
+
+
+def _cpu_value(v):
+    if isinstance(v, torch.Tensor):
+        return _host(v).clone() if v.device.type == "tpu" else v.clone()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_cpu_value(x) for x in v)
+    if isinstance(v, torch.device) and v.type == "tpu":
+        return torch.device("cpu")
+    if isinstance(v, torch.Generator):
+        return None
+    return v
+
+
+def _mismatch(got: torch.Tensor, want: torch.Tensor):
+    """None when `got` (a tpu result on the host) matches `want` (CPU), else why not."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"shape/dtype {tuple(got.shape)}/{got.dtype}, CPU gives {tuple(want.shape)}/{want.dtype}"
+    if got.numel() == 0:
+        return None
+    tol = _TOLERANCE.get(want.dtype)
+    if tol is None:  # integers and bool: exact
+        bad = got != want
+    else:
+        rtol, atol = tol
+        finite = want[torch.isfinite(want)]
+        scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
+        bad = ~torch.isclose(got, want, rtol=rtol, atol=atol * scale, equal_nan=True)
+    if not bool(bad.any()):
+        return None
+    pos = tuple(bad.nonzero()[0].tolist())
+    diff = (got.to(torch.float64) - want.to(torch.float64)).abs() if tol is None or not want.is_complex() \
+        else (got - want).abs()
+    tol_s = "exact" if tol is None else f"rtol={tol[0]}, atol={tol[1]}"
+    return (f"{int(bad.sum())} of {got.numel()} elements differ ({tol_s}); max abs diff "
+            f"{float(diff.max())}; first at index {list(pos)}: tpu {got[pos].item()} vs cpu "
+            f"{want[pos].item()}")
+
+
+def check_cpu(plan, vals, result, cargs) -> None:
+    metrics.count("debug.cpu_checks")
+    kw = {plan.names[i]: cargs[i] for i in range(plan.npos, len(cargs))}
+    try:
+        expected = plan.op(*cargs[:plan.npos], **kw)
+    except Exception as e:  # noqa: BLE001 - the CPU kernel rejected what tpu accepted
+        metrics.count("debug.cpu_check_errors")
+        raise TpuCpuMismatchError(
+            f"torch_tpu debug: {op_name(plan)} ran on tpu but fails on CPU: "
+            f"{type(e).__name__}: {e}\n  at {user_location()}") from e
+    pairs = list(zip(_tensors(result, []), _tensors(expected, [])))
+    for i in plan.mutable:
+        pairs.extend(zip(_tensors(vals[i], []), _tensors(cargs[i], [])))
+    for k, (got, want) in enumerate(pairs):
+        why = _mismatch(_host(got), want)
+        if why is not None:
+            metrics.count("debug.cpu_mismatches")
+            raise TpuCpuMismatchError(
+                f"torch_tpu debug: {op_name(plan)} differs from CPU in result {k}: {why}"
+                f"\n  at {user_location()}")
+
+
+# ---------------------------------------------------------------- the executor
 class DebugExecutor(StrictExecutor):
+    """Strict, but every op waits for its result and is checked (see the module doc)."""
+
     name = "debug"
+
+    def execute(self, plan, vals):
+        metrics.count("debug.ops")
+        check_bounds(plan, vals)
+        nan_check = _flag("TORCH_TPU_DEBUG_NAN_CHECK", True)
+        snapshot = _snapshot(vals) if nan_check else None
+        cargs = _cpu_args(vals) if _flag("TORCH_TPU_DEBUG_CPU_CHECK", False) and _shadowable(plan) else None
+        counters = metrics.counters
+        before = counters["dispatches.strict"]
+        try:
+            result = super().execute(plan, vals)
+            outs = _outputs(plan, vals, result)
+            jax.block_until_ready([_storage.record(t.untyped_storage(), t.dtype)[0] for t in outs])
+        except Exception as e:
+            if not isinstance(e, TpuDebugError):
+                e.add_note(f"torch_tpu debug: raised by {op_name(plan)} at {user_location()}")
+            raise
+        if counters["dispatches.strict"] == before + 1:  # count this op under its own mode
+            if before:
+                counters["dispatches.strict"] = before
+            else:
+                del counters["dispatches.strict"]
+            counters["dispatches.debug"] += 1
+        if nan_check:
+            check_finite(plan, outs, snapshot)
+        if cargs is not None:
+            check_cpu(plan, vals, result, cargs)
+        return result

@@ -1,8 +1,116 @@
-"""DeferAndFuse eager mode: ops are recorded and flushed as fused, cached XLA graphs."""
+"""DeferAndFuse eager mode, the recording half: ops become pending graph nodes.
+
+Recording an op costs what Strict costs minus the XLA call: the argument scan and cache
+lookup give the op's cached entry, whose result shapes and dtypes were worked out once per
+(op, shapes, dtypes, statics); no device memory is touched. Each result's storage gets a
+`Lazy` value in place of an XLA buffer; later ops read it like a buffer. `fuse.flush` turns
+the pending nodes into one XLA program at a sync point.
+
+Loop detection: a training loop that never syncs must still flush once per iteration, into
+the same cached graph. The recorder keeps the entry ids recorded since the last flush; when
+the newest 2P ops are one block of P ops repeated (and P is a large part of what was
+recorded), it flushes, so each flush covers the same repeated ops.
+"""
 from __future__ import annotations
 
-from .strict import StrictExecutor
+import sys
+import weakref
+
+import torch
+
+from .. import _storage, metrics
+from . import fuse
+from .graph import Lazy, Node
+from .opcall import run_eager
+from .strict import assemble, new_tensor
+
+_ATTR = _storage.ATTR
+_TPU = torch.device("tpu", 0)
+_COUNTERS = metrics.counters
+
+MAX_NODES = 4096       # graph-size cap: flush before a graph gets slow to compile
+MIN_PERIOD = 10        # shortest op block that counts as a loop iteration
 
 
-class DeferExecutor(StrictExecutor):
+class DeferExecutor:
     name = "defer_and_fuse"
+    deferred = True
+
+    def __init__(self):
+        self.nodes = []
+        self._reset_loop()
+
+    def _reset_loop(self):
+        self.hist = []
+        self.last = {}
+        self.period = 0
+        self.run = 0
+
+    # ------------------------------------------------------------ recording
+    def execute(self, plan, vals):
+        key, bufs, dyns = plan.scan(vals)
+        entry = plan.cache.get(key)
+        if entry is None:
+            metrics.count("cache_misses")
+            entry = plan.compile(key, vals)
+            plan.cache[key] = entry
+        _COUNTERS["dispatches.defer_and_fuse"] += 1
+        if entry.fn is None:
+            return self._run_now(plan, vals)
+        node = Node(entry, bufs, dyns, sys._getframe(1).f_back)
+        self.nodes.append(node)
+        outs = node.outs
+        fresh = []
+        for (shape, dtype), rec in zip(entry.fresh, entry.out_recs):
+            t = torch.empty(shape, dtype=dtype, device=_TPU)
+            st = t.untyped_storage()
+            lazy = Lazy(node, len(outs), weakref.ref(st))
+            outs.append(lazy)
+            setattr(st, _ATTR, (lazy, rec[0], rec[1]))
+            fresh.append(t)
+        for i, j in entry.mut_slots:
+            st = (vals[i] if j is None else vals[i][j]).untyped_storage()
+            old = getattr(st, _ATTR)
+            lazy = Lazy(node, len(outs), weakref.ref(st))
+            outs.append(lazy)
+            setattr(st, _ATTR, (lazy, old[1], old[2]))
+        self._after_record(id(entry))
+        return assemble(entry.structure, vals, fresh)
+
+    def _run_now(self, plan, vals):
+        """Data-dependent shapes (nonzero, ...): flush, then run the op on concrete values."""
+        self.flush("data_dependent")
+        key, bufs, dyns = plan.scan(vals)
+        entry = plan.cache[key]
+        fresh, outs = run_eager(plan, entry, vals, bufs, dyns)
+        tensors = [new_tensor(s, d, f) for (s, d), f in zip(fresh, outs)]
+        return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+    def _after_record(self, h):
+        hist = self.hist
+        i = len(hist)
+        hist.append(h)
+        p = self.period
+        if p and hist[i - p] == h:
+            self.run += 1
+            if self.run >= p and p >= MIN_PERIOD and 3 * p >= i + 1:
+                metrics.count("loops_detected")
+                self.flush("loop")
+                return
+        else:
+            prev = self.last.get(h)
+            self.period = i - prev if prev is not None else 0
+            self.run = 1 if prev is not None else 0
+        self.last[h] = i
+        if i + 1 >= MAX_NODES:
+            self.flush("size_cap")
+
+    # ------------------------------------------------------------ flushing
+    def flush(self, reason: str) -> None:
+        nodes = self.nodes
+        if not nodes:
+            return
+        self.nodes = []
+        self._reset_loop()
+        metrics.count(f"flush.{reason}")
+        fuse.flush(nodes)

@@ -47,15 +47,24 @@ class _State(threading.local):
     def __init__(self):
         self.stack = []          # modes entered with `eager_mode(...)` on this thread
         self.executor = None     # this thread's current executor, None = the global one
+        # Threads that Python did not start (the autograd engine's device thread runs
+        # every backward op of a tpu graph) cannot enter a context themselves: they follow
+        # the innermost context open on the thread that is waiting for them.
+        self.foreign = isinstance(threading.current_thread(), threading._DummyThread)
 
 
 _tls = _State()
 _global = {"mode": EagerMode.STRICT, "executor": _EXECUTORS[EagerMode.STRICT]}
+_open_contexts: list = []  # (mode, executor) of every open `eager_mode` block, all threads
 
 
 def executor():
     ex = _tls.executor
-    return _global["executor"] if ex is None else ex
+    if ex is None:
+        if _tls.foreign and _open_contexts:
+            return _open_contexts[-1][1]
+        return _global["executor"]
+    return ex
 
 
 def _executor_for(mode: EagerMode):
@@ -89,7 +98,11 @@ def _switch_flush() -> None:
 
 
 def get_eager_mode() -> EagerMode:
-    return _tls.stack[-1] if _tls.stack else _global["mode"]
+    if _tls.stack:
+        return _tls.stack[-1]
+    if _tls.foreign and _open_contexts:
+        return _open_contexts[-1][0]
+    return _global["mode"]
 
 
 def set_eager_mode(mode) -> None:
@@ -107,10 +120,13 @@ def eager_mode(mode):
     _switch_flush()
     _tls.stack.append(mode)
     _tls.executor = _executor_for(mode)
+    token = (mode, _tls.executor)
+    _open_contexts.append(token)
     try:
         yield
     finally:
         _switch_flush()
+        _open_contexts.remove(token)
         _tls.stack.pop()
         _tls.executor = _executor_for(_tls.stack[-1]) if _tls.stack else None
 

@@ -53,13 +53,15 @@ class DeviceMismatchError(RuntimeError):
 class Entry:
     """A compiled (op, key): the jitted function and how its results become tensors."""
 
-    __slots__ = ("fn", "fresh", "structure", "mut_slots", "eager_fn", "out_recs")
+    __slots__ = ("fn", "fresh", "structure", "mut_slots", "eager_fn", "out_recs", "raw", "key")
 
     def __init__(self, fn, fresh, structure, mut_slots, eager_fn=None):
         self.eager_fn = eager_fn    # set instead of fn for data-dependent shapes
         # (length, jax dtype) of each fresh output's flat buffer
         self.out_recs = None if fresh is None else [
             (_prod(shape), _runtime.jax_dtype(dt)) for shape, dt in fresh]
+        self.raw = None
+        self.key = None
         self.fn = fn                # (bufs, dyns) -> [fresh flat buffers..., new buffers of mutated storages...]
         self.fresh = fresh          # [(shape, torch dtype)] of the new tensors
         self.structure = structure  # per schema return: ("alias", i) | ("fresh",) | ("list", n)
@@ -216,9 +218,12 @@ class OpPlan:
             return fn(flat[:nbufs], flat[nbufs:], (shapes, dtypes))[1]
 
         jitted = jax.jit(run)
-        metrics.count("executables_compiled")
+        metrics.count("op_entries")
         metrics.compile_seconds[0] += time.perf_counter() - t0
-        return Entry(jitted, fresh, structure, mut_slots)
+        entry = Entry(jitted, fresh, structure, mut_slots)
+        entry.raw = run  # the traceable body, for fusing into a larger graph
+        entry.key = key
+        return entry
 
     def _traceable(self, parts, mut_slots):
         """(bufs, dyns, out specs) -> (raw results, flat buffers to store)."""

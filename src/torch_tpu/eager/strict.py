@@ -60,6 +60,7 @@ class StrictExecutor:
 
     name = "strict"
     deferred = False
+    counter = "dispatches.strict"
 
     def execute(self, plan, vals):
         key, bufs, dyns = plan.scan(vals)
@@ -68,7 +69,9 @@ class StrictExecutor:
             metrics.count("cache_misses")
             entry = plan.compile(key, vals)
             plan.cache[key] = entry
-        _COUNTERS["dispatches.strict"] += 1
+            if entry.fn is not None:
+                metrics.count("executables_compiled")  # jax compiles it on this first call
+        _COUNTERS[self.counter] += 1
         if entry.fn is None:
             fresh, outs = run_eager(plan, entry, vals, bufs, dyns)
             tensors = [new_tensor(s, d, f) for (s, d), f in zip(fresh, outs)]

@@ -20,8 +20,8 @@ from .registry import aten, lowering
 
 
 def _precision(dtype):
-    # torch computes float32 convolutions in full float32 unless TF32 is asked for; XLA on
-    # TPU would otherwise use a single bf16 pass
+    # torch's float32 kernels compute in full float32; XLA's DEFAULT precision would let a
+    # TPU use a single bf16 pass
     return lax.Precision.HIGHEST if dtype == jnp.float32 else None
 
 
@@ -29,6 +29,17 @@ def _expand(v, n):
     """torch lets an int[2] / int[3] argument be one value for every spatial dim."""
     v = tuple(v)
     return v * n if len(v) == 1 else v
+
+
+def _contract_trailing(x, mats):
+    """Apply one (out, size) matrix along each trailing spatial dim."""
+    nd = len(mats)
+    for axis, m in enumerate(mats):
+        dim = x.ndim - nd + axis
+        y = jnp.tensordot(x, jnp.asarray(m, x.dtype), axes=([dim], [1]),
+                          precision=_precision(x.dtype))
+        x = jnp.moveaxis(y, -1, dim)
+    return x
 
 
 # ---------------------------------------------------------------- convolution
@@ -84,17 +95,6 @@ def _convolution_backward(grad_output, input, weight, bias_sizes, stride, paddin
     return (grad_input if output_mask[0] else None,
             grad_weight if output_mask[1] else None,
             grad_bias)
-
-
-def _contract_trailing(x, mats):
-    """Apply one (out, size) matrix along each trailing spatial dim."""
-    nd = len(mats)
-    for axis, m in enumerate(mats):
-        dim = x.ndim - nd + axis
-        y = jnp.tensordot(x, jnp.asarray(m, x.dtype), axes=([dim], [1]),
-                          precision=_precision(x.dtype))
-        x = jnp.moveaxis(y, -1, dim)
-    return x
 
 
 # ---------------------------------------------------------------- window geometry
@@ -373,9 +373,10 @@ def _im2col(x, kernel, dilation, padding, stride):
         index.append(np.arange(k)[:, None] * d + np.arange(out)[None, :] * s)  # (k, out)
     rows, cols = index
     windows = x[..., rows[:, None, :, None], cols[None, :, None, :]]  # (..., C, kh, kw, oh, ow)
-    lead = x.shape[:-2]
+    *batch, channels = x.shape[:-2]
     # sizes spelled out: -1 is ambiguous for an empty batch
-    return windows.reshape(lead[:-1] + (lead[-1] * math.prod(kernel), rows.shape[1] * cols.shape[1]))
+    return windows.reshape(
+        tuple(batch) + (channels * math.prod(kernel), rows.shape[1] * cols.shape[1]))
 
 
 @lowering(aten.im2col.default)

@@ -1,0 +1,177 @@
+"""DeferAndFuse, the flush pipeline: pending nodes -> one cached XLA program -> buffers.
+
+Steps, each a function below:
+  wire            number the nodes; map every input to an external buffer or a node output
+  choose_outputs  keep only values a live storage still holds (dead intermediates never
+                  get a buffer)
+  graph_key       op entries + wiring + outputs + scalar types: tensor data and scalar
+                  values are parameters, so a changing learning rate does not recompile
+  lookup/compile  one jax.jit per key; a miss explains what differed from the last graph
+                  with the same ops (the recompile reason in metrics)
+  run             external buffers overwritten by the graph are donated to cut peak memory
+  write_back      results become the storages' buffers
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+
+from .. import _storage, metrics
+from .graph import Lazy as _Lazy
+
+_ATTR = _storage.ATTR
+_CACHE: dict = {}
+_LAST_BY_OPS: dict = {}   # op sequence -> last key compiled for it (recompile reasons)
+recompile_reasons: list = []
+_DONATE = os.environ.get("TORCH_TPU_DONATE", "1") not in ("", "0")
+
+
+def wire(nodes):
+    """-> (wiring per node, external buffers, flat dyns, dyn counts)."""
+    ext_index = {}
+    ext = []
+    wiring = []
+    dyns = []
+    for pos, node in enumerate(nodes):
+        node.pos = pos
+    for node in nodes:
+        w = []
+        for b in node.bufs:
+            if type(b) is _Lazy:
+                w.append((b.node.pos, b.idx))
+            else:
+                k = id(b)
+                j = ext_index.get(k)
+                if j is None:
+                    j = ext_index[k] = len(ext)
+                    ext.append(b)
+                w.append(j)
+        wiring.append(tuple(w))
+        dyns.extend(node.dyns)
+    return tuple(wiring), ext, dyns
+
+
+def choose_outputs(nodes):
+    """Values still held by a live storage -> [(node pos, out idx)] and their storages."""
+    refs, storages = [], []
+    for node in nodes:
+        for lazy in node.outs:
+            st = lazy.owner()
+            if st is not None:
+                rec = getattr(st, _ATTR, None)
+                if rec is not None and rec[0] is lazy:
+                    refs.append((node.pos, lazy.idx))
+                    storages.append(st)
+    return tuple(refs), storages
+
+
+def donations(nodes, ext):
+    """External buffers no storage holds any more (the graph overwrote them)."""
+    held = set()
+    for node in nodes:
+        for lazy in node.outs:
+            st = lazy.owner()
+            if st is not None:
+                rec = getattr(st, _ATTR, None)
+                if rec is not None and type(rec[0]) is not _Lazy:
+                    held.add(id(rec[0]))
+    return held
+
+
+def graph_key(nodes, wiring, out_refs, dyns):
+    entries = tuple(id(n.entry) for n in nodes)
+    return (entries, wiring, out_refs, tuple(type(d) for d in dyns))
+
+
+def _build(nodes, wiring, out_refs):
+    raws = [n.entry.raw for n in nodes]
+    ndyn = [len(n.dyns) for n in nodes]
+    names = [n.entry.key[0] for n in nodes]
+
+    def fused(ext, dyns):
+        vals = []
+        d = 0
+        for raw, w, nd, name in zip(raws, wiring, ndyn, names):
+            ins = [ext[x] if type(x) is int else vals[x[0]][x[1]] for x in w]
+            try:
+                vals.append(raw(*ins, *dyns[d:d + nd]))
+            except Exception as e:  # name the op; the user's line is added by flush()
+                raise _NodeError(len(vals), e) from e
+            d += nd
+        return [vals[a][b] for a, b in out_refs]
+
+    return fused
+
+
+def _explain(nodes, key):
+    """Why a graph with the same ops as an earlier one compiled again."""
+    ops = tuple(n.entry.key[0] for n in nodes)
+    prev = _LAST_BY_OPS.get(ops)
+    _LAST_BY_OPS[ops] = (key, [n.entry.key for n in nodes])
+    if prev is None:
+        return
+    prev_key, prev_entries = prev
+    for i, (a, b) in enumerate(zip(prev_entries, (n.entry.key for n in nodes))):
+        if a != b:
+            reason = f"op {i} ({a[0]}): arguments changed from {a[1]} to {b[1]}"
+            break
+    else:
+        if prev_key[1] != key[1]:
+            reason = "same ops, different data flow between them"
+        elif prev_key[2] != key[2]:
+            reason = "same ops, different set of values kept alive after the graph"
+        else:
+            reason = "scalar argument types changed"
+    recompile_reasons.append(reason)
+    metrics.count("fused_recompiles")
+
+
+class _NodeError(Exception):
+    def __init__(self, index, error):
+        super().__init__(str(error))
+        self.index = index
+        self.error = error
+
+
+def _user_line(frame):
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if "/torch/" not in fname and "torch_tpu" not in fname:
+            return f"{fname}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+def flush(nodes) -> None:
+    wiring, ext, dyns = wire(nodes)
+    out_refs, storages = choose_outputs(nodes)
+    key = graph_key(nodes, wiring, out_refs, dyns)
+    fn = _CACHE.get(key)
+    if fn is None:
+        t0 = time.perf_counter()
+        _explain(nodes, key)
+        held = donations(nodes, ext) if _DONATE else None
+        fn = jax.jit(_build(nodes, wiring, out_refs), donate_argnums=())
+        _CACHE[key] = fn
+        metrics.count("fused_graphs_compiled")
+        metrics.compile_seconds[0] += time.perf_counter() - t0
+        del held
+    else:
+        metrics.count("fused_cache_hits")
+    metrics.count("fused_nodes", len(nodes))
+    try:
+        results = fn(ext, dyns)
+    except _NodeError as e:
+        node = nodes[e.index]
+        raise RuntimeError(
+            f"{node.entry.key[0]} (recorded at {_user_line(node.frame)}) failed while "
+            f"flushing a DeferAndFuse graph: {e.error}") from e.error
+    for st, arr in zip(storages, results):
+        rec = getattr(st, _ATTR)
+        setattr(st, _ATTR, (arr, rec[1], rec[2]))
+    for node in nodes:  # release frames and inputs promptly
+        node.frame = None
+        node.bufs = None
+
