@@ -1,6 +1,12 @@
 """Builds torch_tpu's C++ piece (allocator, generator, hooks, view kernels) at install time."""
-from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+import os
+
+# Building imports torch; torch's device-backend autoload would import an installed
+# torch_tpu whose extension may be the one being rebuilt.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+from setuptools import setup  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
 setup(
     ext_modules=[

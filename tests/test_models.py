@@ -12,6 +12,13 @@ import torch_tpu
 transformers = pytest.importorskip("transformers")
 
 VOCAB, SEQ, BATCH = 128, 16, 2
+MODES = ["strict", "defer_and_fuse", "debug"]
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    """Run the test body in each eager mode (the CPU reference runs outside it)."""
+    return request.param
 
 
 def _config(kind):
@@ -34,7 +41,10 @@ def _batches(n):
     return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(n)]
 
 
-def train(model, device, steps, autocast_dtype=None):
+def train(model, device, steps, autocast_dtype=None, mode=None):
+    if mode is not None:
+        with torch_tpu.eager_mode(mode):
+            return train(model, device, steps, autocast_dtype)
     model = model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
@@ -52,27 +62,29 @@ def train(model, device, steps, autocast_dtype=None):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_train_parity_fp32(kind):
+def test_train_parity_fp32(kind, mode):
     model = _model(kind)
     cpu_losses = train(copy.deepcopy(model), "cpu", 20)
-    tpu_losses = train(model, "tpu", 20)
+    tpu_losses = train(model, "tpu", 20, mode=mode)
     torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-5)
     assert model.lm_head.weight.device.type == "tpu"
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_greedy_generate_matches_cpu(kind):
+def test_greedy_generate_matches_cpu(kind, mode):
     model = _model(kind)
     prompt = _batches(1)[0][:1, :6]
     want = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
-    got = model.to("tpu").generate(prompt.to("tpu"), max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch_tpu.eager_mode(mode):
+        got = model.to("tpu").generate(prompt.to("tpu"), max_new_tokens=8, do_sample=False,
+                                       pad_token_id=0)
     assert torch.equal(got.cpu(), want)
 
 
-def test_bf16_autocast_training_close_to_cpu():
+def test_bf16_autocast_training_close_to_cpu(mode):
     model = _model("llama")
     cpu_losses = train(copy.deepcopy(model), "cpu", 5, torch.bfloat16)
-    tpu_losses = train(model, "tpu", 5, torch.bfloat16)
+    tpu_losses = train(model, "tpu", 5, torch.bfloat16, mode=mode)
     torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=3e-2, atol=3e-2)
 
 
@@ -117,7 +129,7 @@ def _mlp():
 
 
 @pytest.mark.parametrize("make,shape,classes", [(_CNN, (4, 3, 8, 8), 10), (_mlp, (8, 16), 4)])
-def test_small_models_train_with_parity(make, shape, classes):
+def test_small_models_train_with_parity(make, shape, classes, mode):
     torch.manual_seed(0)
     model = make()
     g = torch.Generator().manual_seed(2)
@@ -137,5 +149,6 @@ def test_small_models_train_with_parity(make, shape, classes):
         return out
 
     want = run(copy.deepcopy(model), "cpu")
-    got = run(model, "tpu")
+    with torch_tpu.eager_mode(mode):
+        got = run(model, "tpu")
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _runtime
+from . import _C, _runtime
+from .eager.graph import Lazy
 
 ATTR = "_xla"
 
@@ -31,7 +32,13 @@ def record(storage, dtype):
         n = storage.nbytes() // jdt.itemsize
         rec = (_zeros(n, jdt), n, jdt)
         setattr(storage, ATTR, rec)
+        realized(storage)
     return rec
+
+
+def realized(storage) -> None:
+    """Count the storage's bytes as device memory from now on (its buffer exists)."""
+    _C.mark_realized(storage.data_ptr())
 
 
 def buffer(storage, dtype):
@@ -51,7 +58,10 @@ def _zeros(n, dtype):
 def set_buffer(storage, buf, n=None, dtype=None):
     if n is None:
         n, dtype = buf.shape[0], buf.dtype
+    prev = getattr(storage, ATTR, None)
     setattr(storage, ATTR, (buf, n, dtype))
+    if prev is None or type(prev[0]) is Lazy:
+        realized(storage)
 
 
 def install_file_io() -> None:

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace torch_tpu {
@@ -34,19 +35,28 @@ namespace torch_tpu {
 constexpr c10::DeviceType kTPU = c10::DeviceType::PrivateUse1;
 
 // ---------------------------------------------------------------- device allocator
+// Bytes are counted when a storage's XLA buffer first exists (Python calls
+// mark_realized), not when torch allocates the storage: DeferAndFuse creates storages for
+// values that may never get a buffer, and memory_allocated() reports real device bytes.
 std::atomic<int64_t> g_allocated{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<uint64_t> g_next_addr{uint64_t(1) << 44};  // far from any host mapping
+std::mutex g_live_mu;
 
 struct AllocInfo {
   size_t nbytes;
+  bool realized = false;
 };
+std::unordered_map<void*, AllocInfo*> g_live;
 
-void tpu_delete(void* ctx) {
-  auto* info = static_cast<AllocInfo*>(ctx);
-  g_allocated -= static_cast<int64_t>(info->nbytes);
-  delete info;
+void count_up(int64_t n) {
+  int64_t now = (g_allocated += n);
+  int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
 }
+
+void tpu_delete(void* ctx);
 
 struct TpuAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
@@ -54,11 +64,12 @@ struct TpuAllocator final : c10::Allocator {
     // (HF's shared-tensor detection, torch.save's storage dedup) see distinct storages.
     size_t span = ((nbytes + 63) / 64) * 64 + 64;
     void* addr = reinterpret_cast<void*>(g_next_addr.fetch_add(span));
-    int64_t now = (g_allocated += static_cast<int64_t>(nbytes));
-    int64_t peak = g_peak.load();
-    while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+    auto* info = new AllocInfo{nbytes};
+    {
+      std::lock_guard<std::mutex> lock(g_live_mu);
+      g_live[addr] = info;
     }
-    return {addr, new AllocInfo{nbytes}, &tpu_delete, c10::Device(kTPU, 0)};
+    return {addr, addr, &tpu_delete, c10::Device(kTPU, 0)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void*, const void*, std::size_t) const override {
@@ -67,6 +78,27 @@ struct TpuAllocator final : c10::Allocator {
 };
 TpuAllocator g_allocator;
 REGISTER_ALLOCATOR(kTPU, &g_allocator);
+
+void tpu_delete(void* ctx) {
+  AllocInfo* info = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    auto it = g_live.find(ctx);
+    if (it == g_live.end()) return;
+    info = it->second;
+    g_live.erase(it);
+  }
+  if (info->realized) g_allocated -= static_cast<int64_t>(info->nbytes);
+  delete info;
+}
+
+void mark_realized(uint64_t ptr) {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  auto it = g_live.find(reinterpret_cast<void*>(ptr));
+  if (it == g_live.end() || it->second->realized) return;
+  it->second->realized = true;
+  count_up(static_cast<int64_t>(it->second->nbytes));
+}
 
 // ---------------------------------------------------------------- pinned host memory
 std::mutex g_pinned_mu;
@@ -164,8 +196,17 @@ void resize_bytes(const c10::Storage& storage, size_t newsize) {
   // here the storage only gets a fresh identity of the new size.
   auto* impl = storage.unsafeGetStorageImpl();
   TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
-  impl->set_data_ptr_noswap(g_allocator.allocate(newsize));
+  bool was_realized = false;
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    auto it = g_live.find(impl->data_ptr().get());
+    was_realized = it != g_live.end() && it->second->realized;
+  }
+  auto fresh = g_allocator.allocate(newsize);
+  void* addr = fresh.get();
+  impl->set_data_ptr_noswap(std::move(fresh));
   impl->set_nbytes(newsize);
+  if (was_realized) mark_realized(reinterpret_cast<uint64_t>(addr));
 }
 
 // ---------------------------------------------------------------- hooks
@@ -376,6 +417,7 @@ PYBIND11_MODULE(_C, m) {
     if (!torch_tpu::g_sync_fn) torch_tpu::g_sync_fn = new py::object();  // leaked: outlives interpreter teardown
     *torch_tpu::g_sync_fn = std::move(fn);
   });
+  m.def("mark_realized", &torch_tpu::mark_realized);
   m.def("is_pinned_ptr", [](uint64_t p) {
     std::lock_guard<std::mutex> lock(torch_tpu::g_pinned_mu);
     return torch_tpu::g_pinned.count(reinterpret_cast<void*>(p)) > 0;

@@ -171,6 +171,7 @@ def flush(nodes) -> None:
     for st, arr in zip(storages, results):
         rec = getattr(st, _ATTR)
         setattr(st, _ATTR, (arr, rec[1], rec[2]))
+        _storage.realized(st)
     for node in nodes:  # release frames and inputs promptly
         node.frame = None
         node.bufs = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _storage, metrics
+from .. import _C, _storage, metrics
 from .opcall import run_eager
 
 _COUNTERS = metrics.counters
@@ -17,12 +17,17 @@ _TPU = torch.device("tpu", 0)
 _ATTR = _storage.ATTR
 
 
+_mark = _C.mark_realized
+
+
 def new_tensor(shape, dtype, flat, rec=None):
     t = torch.empty(shape, dtype=dtype, device=_TPU)
+    st = t.untyped_storage()
     if rec is None:
-        _storage.set_buffer(t.untyped_storage(), flat)
+        _storage.set_buffer(st, flat)
     else:
-        setattr(t.untyped_storage(), _ATTR, (flat, rec[0], rec[1]))
+        setattr(st, _ATTR, (flat, rec[0], rec[1]))
+        _mark(st.data_ptr())
     return t
 
 

@@ -22,7 +22,7 @@ _NONE, _MEAN, _SUM = 0, 1, 2
 
 
 def _opmath(x):
-    """The dtype torch computes a reduced-precision float in (at::opmath_type)."""
+    """x in the dtype torch computes with: float32 for bf16 and f16 (at::opmath_type)."""
     if x is not None and x.dtype in (jnp.bfloat16, jnp.float16):
         return x.astype(jnp.float32)
     return x

@@ -12,6 +12,8 @@ the helpers here.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
@@ -510,7 +512,26 @@ def _polygamma(n, self):
     (x,) = _operands(self, int_to_float=True)
     if n == 0:
         return _digamma(x)
-    return jsp.polygamma(n, x)
+    if n == 1:
+        return _trigamma(x)
+    # torch's formula, through the zeta with torch's pole rules (JAX's polygamma gives NaN
+    # at the poles, where torch gives +-inf)
+    return (-1.0) ** (n + 1) * math.factorial(n) * _zeta(jnp.asarray(n + 1.0, x.dtype), x)
+
+
+def _trigamma(x):
+    """torch's calc_trigamma: reflection below 1/2, six recurrence steps, then the
+    asymptotic series; JAX's polygamma(1, x) is wrong for x below about -5."""
+    reflect = x < 0.5
+    sin_pi_x = jnp.sin(jnp.pi * x)
+    result = jnp.where(reflect, -(jnp.pi ** 2) / (sin_pi_x * sin_pi_x), 0.0)
+    x = jnp.where(reflect, 1 - x, x)
+    for _ in range(6):
+        result = result + 1 / (x * x)
+        x = x + 1
+    ixx = 1 / (x * x)
+    result = result + (1 + 1 / (2 * x) + ixx * (1 / 6 - ixx * (1 / 30 - ixx / 42))) / x
+    return jnp.where(reflect, -result, result)
 
 
 @pointwise(aten.mvlgamma.default, int_to_float=True)

@@ -1,0 +1,160 @@
+"""The persistent compilation cache: XLA executables on disk, shared across processes.
+
+Every XLA program torch_tpu runs, eager ops and compiled graphs alike, goes through
+`jax.jit`, so JAX's persistent compilation cache covers all of them. `setup()` points it
+at `TORCH_TPU_CACHE_DIR` (default `$XDG_CACHE_HOME/torch_tpu/xla`, i.e.
+`~/.cache/torch_tpu/xla`; set it to "" or "0" to turn the cache off), caches every entry
+however fast it compiled, and installs `_CheckedCache` as JAX's cache backend:
+  - each entry carries a checksum, and writes are atomic (temp file + rename), so a torn,
+    truncated or bit-flipped entry is detected before XLA deserializes it: it is deleted,
+    reported with a warning, and the program is compiled again;
+  - JAX keys entries by the program, the compile options, the jax/jaxlib versions and
+    the backend, so an incompatible entry is never looked up; if XLA still fails to load
+    one, JAX warns and compiles (never raises: `jax_raise_persistent_cache_errors` off).
+
+What is counted (torch_tpu.metrics), per process, through JAX's monitoring events:
+  - `xla.compiles`: executables XLA compiled from scratch in this process;
+  - `xla.cache_hits`: executables loaded from the persistent cache instead;
+  - `xla.compile_ms`: the milliseconds those compiles and loads took.
+Every executable a process obtains is exactly one of the two, so a second process that
+runs the same program shows `xla.compiles == 0`. (`executables_compiled`, counted by the
+eager executor, counts jitted functions it creates, whether or not XLA then compiles.)
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import tempfile
+import threading
+import warnings
+
+import jax
+
+_MAGIC = b"TTPU1"
+_DIGEST = 32
+_state = {"dir": None, "listening": False}
+_hit = threading.local()
+
+
+def default_dir() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "torch_tpu" / "xla"
+
+
+def cache_dir() -> pathlib.Path | None:
+    """The directory in use, or None when the persistent cache is off."""
+    return _state["dir"]
+
+
+def _configured_dir() -> pathlib.Path | None:
+    value = os.environ.get("TORCH_TPU_CACHE_DIR")
+    if value is None:
+        return default_dir()
+    if value.strip() in ("", "0"):
+        return None
+    return pathlib.Path(value).expanduser()
+
+
+class _CheckedCache:
+    """JAX's cache interface (get/put by key) over files with a checksum each."""
+
+    def __init__(self, path: pathlib.Path):
+        self._path = path
+        path.mkdir(parents=True, exist_ok=True)
+
+    def _file(self, key: str) -> pathlib.Path:
+        return self._path / f"{key}.xla"
+
+    def get(self, key: str) -> bytes | None:
+        f = self._file(key)
+        try:
+            data = f.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            warnings.warn(f"torch_tpu: cannot read compilation cache entry {f.name}: {e}")
+            return None
+        body = data[len(_MAGIC) + _DIGEST:]
+        if (not data.startswith(_MAGIC)
+                or hashlib.blake2b(body, digest_size=_DIGEST).digest()
+                != data[len(_MAGIC):len(_MAGIC) + _DIGEST]):
+            warnings.warn(f"torch_tpu: corrupt compilation cache entry {f.name} ignored "
+                          "(checksum mismatch); compiling again")
+            try:
+                f.unlink()
+            except OSError:
+                pass
+            return None
+        return body
+
+    def put(self, key: str, value: bytes) -> None:
+        f = self._file(key)
+        if f.exists():
+            return
+        data = _MAGIC + hashlib.blake2b(value, digest_size=_DIGEST).digest() + value
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self._path, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(tmp, f)  # atomic: readers see the whole entry or none
+        except OSError as e:
+            warnings.warn(f"torch_tpu: cannot write compilation cache entry {f.name}: {e}")
+
+    def clear(self) -> None:
+        for f in self._path.glob("*.xla"):
+            f.unlink(missing_ok=True)
+
+
+def setup(path: str | os.PathLike | None = None) -> pathlib.Path | None:
+    """Turn the persistent cache on at `path` (default: from TORCH_TPU_CACHE_DIR). Call
+    before the first compile; torch_tpu calls it on import. Returns the directory."""
+    from jax._src import compilation_cache as cc
+
+    _listen()
+    target = pathlib.Path(path) if path is not None else _configured_dir()
+    if target is None:
+        return None
+    try:
+        cache = _CheckedCache(target)
+    except OSError as e:
+        warnings.warn(f"torch_tpu: compilation cache disabled, cannot use {target}: {e}")
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(target))
+    # cache everything: eager ops compile in milliseconds, and there are hundreds
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_raise_persistent_cache_errors", False)
+    with cc._cache_initialized_mutex:
+        cc._cache = cache
+        cc._cache_initialized = True
+        cc._cache_checked = False  # re-evaluate "is the cache used" for the new directory
+    _state["dir"] = target
+    return target
+
+
+def _listen() -> None:
+    if _state["listening"]:
+        return
+    _state["listening"] = True
+    from jax._src import monitoring
+    from jax._src.dispatch import BACKEND_COMPILE_EVENT
+
+    from . import metrics
+
+    def on_event(event, **kwargs):
+        if event == "/jax/compilation_cache/cache_hits":
+            _hit.flag = True
+
+    def on_duration(event, seconds, **kwargs):
+        if event == BACKEND_COMPILE_EVENT:
+            # one event per executable obtained, after the cache lookup inside it
+            if getattr(_hit, "flag", False):
+                _hit.flag = False
+                metrics.count("xla.cache_hits")
+            else:
+                metrics.count("xla.compiles")
+            metrics.counters["xla.compile_ms"] += int(seconds * 1000)
+
+    monitoring.register_event_listener(on_event)
+    monitoring.register_event_duration_secs_listener(on_duration)

@@ -1,0 +1,414 @@
+"""An AOTAutograd aten graph -> one JAX function, node by node through the lowering table.
+
+Every `call_function` node on an OpOverload is lowered by `registry.lookup(op)`, the table
+the eager modes use, called with the same convention (schema order, kwarg-only arguments
+as keywords, Python scalars as weakly typed JAX scalars, `generator=` a JAX key for seeded
+ops), and its results are cast to the dtypes in `node.meta["val"]`, torch's own rules.
+
+A few ops never reach the table in eager mode, because C++ kernels or torch's composite
+kernels handle them before a lowering is looked up. In a functional graph they are plain
+value ops, so `GRAPH_RULES` gives each its meaning here, with the reason:
+  - views (`view`, `t`, `slice`, ...): the table has their functional `*_copy` twins;
+  - factories (`empty`, `full`, `zeros`, `scalar_tensor`, `rand`, ...): eager builds them
+    from `empty` (C++) and `fill_`/`uniform_`, so the graph builds them from the result's
+    shape and dtype in node.meta;
+  - `_to_copy`, `detach`, `alias`, `lift_fresh_copy`: no new values, only a dtype cast.
+Ops that only torch's own decomposition table covers are decomposed while AOTAutograd
+traces (`decompositions()`), so they arrive here as ops the table has.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax._src.lax import lax as _lax_internal
+
+from .. import _runtime, _storage
+from ..eager.opcall import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST,
+                            STATIC, TENSOR, TENSOR_LIST, _kind)
+from ..lowering import registry
+
+aten = torch.ops.aten
+
+
+class UnsupportedGraph(Exception):
+    """A graph this backend cannot lower; the backend runs it eagerly instead."""
+
+
+# ---------------------------------------------------------------- per-overload facts
+class OpInfo:
+    """What lowering one OpOverload needs, computed once per overload."""
+
+    __slots__ = ("op", "fn", "names", "npos", "defaults", "kinds", "seeded", "mutated",
+                 "wants_meta")
+
+    def __init__(self, op, fn, wants_meta):
+        schema = op._schema
+        self.op = op
+        self.fn = fn
+        self.wants_meta = wants_meta  # a GRAPH_RULES entry: also gets meta=node.meta["val"]
+        args = schema.arguments
+        self.names = tuple(a.name for a in args)
+        self.npos = sum(1 for a in args if not a.kwarg_only)
+        self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
+        kinds = [_kind(a) for a in args]
+        if not any(k in (TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST) for k in kinds):
+            # factories (arange, full): their scalars decide shapes, so they stay Python
+            # numbers, as the eager executor keys them by value
+            kinds = [STATIC if k == SCALAR else k for k in kinds]
+        self.kinds = tuple(kinds)
+        self.seeded = torch.Tag.nondeterministic_seeded in op.tags or op in _SEEDED_RULES
+        # argument indices the op writes (in-place and out= ops: rare after functionalization,
+        # but the input-mutation epilogue is copy_ into graph inputs)
+        self.mutated = tuple(i for i, a in enumerate(args)
+                             if a.alias_info is not None and a.alias_info.is_write)
+
+    def normalize(self, args, kwargs):
+        vals = list(args)
+        if len(vals) < self.npos:
+            vals.extend(self.defaults[len(vals):self.npos])
+        for i in range(self.npos, len(self.names)):
+            vals.append(kwargs.get(self.names[i], self.defaults[i]))
+        return vals
+
+    def call(self, vals, key, meta):
+        """Run the lowering on JAX values (tensors already read), scalars made weak."""
+        kinds, names, npos = self.kinds, self.names, self.npos
+        vals = [_jaxify(v, k) for v, k in zip(vals, kinds)]
+        kw = {names[i]: vals[i] for i in range(npos, len(vals)) if kinds[i] != GENERATOR}
+        if self.seeded:
+            kw["generator"] = key
+        if self.wants_meta:
+            kw["meta"] = meta
+        return self.fn(*vals[:npos], **kw)
+
+
+def _weak(v):
+    """A Python number as eager passes it: a weakly typed JAX scalar (a traced argument
+    there, a constant here), so promotion inside lowerings is the same in both."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, complex)):
+        return v
+    return _lax_internal._convert_element_type(v, weak_type=True)
+
+
+def _jaxify(v, kind):
+    if kind == SCALAR or kind <= OPT_TENSOR:
+        return _weak(v)
+    if kind in (SCALAR_LIST, TENSOR_LIST, OPT_TENSOR_LIST) and v is not None:
+        return [_weak(x) for x in v]
+    return v
+
+
+_INFOS: dict = {}
+
+
+def op_info(op):
+    """OpInfo for `op`, or None when neither the table nor GRAPH_RULES can lower it."""
+    info = _INFOS.get(op)
+    if info is None and op not in _INFOS:
+        rule = GRAPH_RULES.get(op)
+        fn = rule or registry.lookup(op) or _view_twin(op)
+        info = _INFOS[op] = OpInfo(op, fn, rule is not None) if fn is not None else None
+    return info
+
+
+def _view_twin(op):
+    """`aten.X.ov` (a view) -> the lowering of its functional twin `aten.X_copy.ov`."""
+    if not op.is_view:
+        return None
+    ns = getattr(torch.ops, op.namespace)
+    twin_packet = getattr(ns, op.overloadpacket.__name__ + "_copy", None)
+    twin = getattr(twin_packet, op._overloadname, None) if twin_packet is not None else None
+    return registry.LOWERINGS.get(twin) if twin is not None else None
+
+
+# ---------------------------------------------------------------- GRAPH_RULES
+# Each rule takes the op's arguments like a lowering, plus `meta=` (node.meta["val"]): the
+# factories read the result's shape and dtype from it.
+GRAPH_RULES: dict = {}
+
+
+def _rule(*ops):
+    def register(fn):
+        for op in ops:
+            GRAPH_RULES[op] = fn
+        return fn
+    return register
+
+
+def _dtype(meta):
+    return _runtime.jax_dtype(meta.dtype)
+
+
+def _shape_of(v):
+    """A factory's size argument, or the shape of the tensor a *_like factory copies."""
+    return tuple(v.shape) if hasattr(v, "shape") else tuple(v)
+
+
+class _Factory:
+    """A factory: eager makes it from `empty` (C++) and fill_; here it is a constant of the
+    shape its arguments give and the dtype torch's meta result has."""
+
+    def __init__(self, size_arg, fill):
+        self.size_arg = size_arg  # which argument holds the size (or the *_like tensor)
+        self.fill = fill          # args -> fill value
+
+    def __call__(self, *args, meta, **kwargs):
+        shape = () if self.size_arg is None else _shape_of(args[self.size_arg])
+        return jnp.full(shape, self.fill(args), _dtype(meta))
+
+
+_rule(aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default,
+      aten.zeros.default)(_Factory(0, lambda a: 0))
+_rule(aten.new_empty.default, aten.new_empty_strided.default,
+      aten.new_zeros.default)(_Factory(1, lambda a: 0))
+_rule(aten.zeros_like.default, aten.empty_like.default)(_Factory(0, lambda a: 0))
+_rule(aten.ones.default, aten.ones_like.default)(_Factory(0, lambda a: 1))
+_rule(aten.new_ones.default)(_Factory(1, lambda a: 1))
+_rule(aten.full.default, aten.full_like.default)(_Factory(0, lambda a: a[1]))
+_rule(aten.new_full.default)(_Factory(1, lambda a: a[2]))
+_rule(aten.scalar_tensor.default)(_Factory(None, lambda a: a[0]))
+
+
+@_rule(aten._to_copy.default, aten.lift_fresh_copy.default, aten.detach.default,
+       aten.alias.default, aten.lift_fresh.default)
+def _same_value(self, *args, meta=None, **kwargs):
+    # the dtype cast (and for _to_copy a device move) comes from meta, like every node
+    return self
+
+
+@_rule(aten._unsafe_view.default, aten._reshape_alias.default)
+def _unsafe_view(self, size, *args, meta=None):
+    return jnp.reshape(self, tuple(size))
+
+
+@_rule(aten.view.dtype)
+def _view_dtype(self, dtype, meta=None):
+    # torch: the last dim scales by the itemsize ratio
+    to = _runtime.jax_dtype(dtype)
+    flat = _storage._bitcast_flat(self.reshape(-1), to)
+    last = self.shape[-1] * self.dtype.itemsize // to.itemsize if self.ndim else 1
+    return flat.reshape(self.shape[:-1] + (last,) if self.ndim else ())
+
+
+@_rule(aten.split.Tensor)
+def _split(self, split_size, dim=0, meta=None):
+    d = dim % self.ndim
+    n = self.shape[d]
+    sizes = [min(split_size, n - i) for i in range(0, n, split_size)] if n else [0]
+    return registry.LOWERINGS[aten.split_with_sizes_copy.default](self, sizes, d)
+
+
+@_rule(aten.sym_size.int)
+def _sym_size(self, dim, meta=None):
+    return self.shape[dim]
+
+
+@_rule(aten.sym_numel.default)
+def _sym_numel(self, meta=None):
+    return self.size
+
+
+def _sampler(size_arg, draw):
+    """A random factory: torch's composite fills `empty` with uniform_/normal_/random_,
+    so the graph draws with those ops' lowerings into zeros of the result's shape."""
+    def rule(*args, meta, generator, **kwargs):
+        base = jnp.zeros(_shape_of(args[size_arg]), _dtype(meta))
+        return draw(base, args, generator)
+    return rule
+
+
+def _lowering(op):
+    return registry.LOWERINGS[op]
+
+
+_rule(aten.rand.default, aten.rand_like.default)(_sampler(
+    0, lambda z, a, g: _lowering(aten.uniform.default)(z, 0.0, 1.0, generator=g)))
+_rule(aten.randn.default, aten.randn_like.default)(_sampler(
+    0, lambda z, a, g: _lowering(aten.normal_functional.default)(z, 0.0, 1.0, generator=g)))
+_rule(aten.randint.default)(_sampler(
+    1, lambda z, a, g: _lowering(aten.random.to)(z, a[0], generator=g)))
+_rule(aten.randint.low)(_sampler(
+    2, lambda z, a, g: _lowering(getattr(aten.random, "from"))(z, a[0], a[1], generator=g)))
+_rule(aten.randint_like.default)(_sampler(
+    0, lambda z, a, g: _lowering(aten.random.to)(z, a[1], generator=g)))
+_rule(aten.randint_like.low_dtype)(_sampler(
+    0, lambda z, a, g: _lowering(getattr(aten.random, "from"))(z, a[1], a[2], generator=g)))
+
+
+# the random factories need a key whether or not their tags say so
+_SEEDED_RULES = {aten.rand.default, aten.rand_like.default, aten.randn.default,
+                 aten.randn_like.default, aten.randint.low, aten.randint.default,
+                 aten.randint_like.low_dtype, aten.randint_like.default}
+
+
+def decompositions() -> dict:
+    """torch's aten-level decompositions for ops neither the table nor GRAPH_RULES lowers
+    (slice_backward, select_backward, ...). Only those written in aten ops: the `_refs`
+    ones produce prims, which the table does not know."""
+    from torch._decomp import decomposition_table
+
+    out = {}
+    for op, fn in decomposition_table.items():
+        if getattr(fn, "__module__", "") != "torch._decomp.decompositions":
+            continue
+        if not isinstance(op, torch._ops.OpOverload) or op.is_view:
+            continue
+        if op in GRAPH_RULES or registry.lookup(op) is not None:
+            continue
+        out[op] = fn
+    return out
+
+
+# ---------------------------------------------------------------- the graph
+class GraphLowering:
+    """One FX graph, checked once, then interpreted on JAX values inside jax.jit.
+
+    Raises UnsupportedGraph, naming the ops, when some node has no lowering."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.nodes = list(gm.graph.nodes)
+        self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        self.ph_index = {n: i for i, n in enumerate(self.placeholders)}
+        self.output_node = next(n for n in reversed(self.nodes) if n.op == "output")
+        self.consts = {}        # get_attr node name -> tensor
+        self.seeded = {}        # node -> its index among seeded nodes, in graph order
+        self.mutated_inputs = set()
+        missing = set()
+        for n in self.nodes:
+            if n.op == "get_attr":
+                self.consts[n.name] = _fetch_attr(gm, n.target)
+            elif n.op == "call_function":
+                t = n.target
+                if isinstance(t, torch._ops.OpOverload):
+                    info = op_info(t)
+                    if info is None:
+                        missing.add(str(t))
+                        continue
+                    if info.seeded:
+                        self.seeded[n] = len(self.seeded)
+                    for i in info.mutated:
+                        for target in _targets(_arg(n, info, i)):
+                            if target.op == "placeholder":
+                                self.mutated_inputs.add(self.ph_index[target])
+                elif isinstance(t, torch._ops.OperatorBase):
+                    missing.add(str(t))  # higher-order ops (cond, invoke_subgraph, ...)
+            elif n.op in ("call_module", "call_method"):
+                missing.add(f"{n.op} {n.target}")
+        if missing:
+            raise UnsupportedGraph(", ".join(sorted(missing)))
+        self.n_seeded = len(self.seeded)
+
+    def trace(self, inputs, consts, seed, offset, write):
+        """Interpret the graph on JAX values: `inputs[i]` is placeholder i's value (a JAX
+        array, or a Python int for a size). `write(i, value)` receives the new value of
+        each graph input the graph mutates. Returns the output node's values."""
+        env = dict(zip(self.placeholders, inputs))
+        base_key = jax.random.key(seed) if self.n_seeded else None
+        seeded = self.seeded
+        for n in self.nodes:
+            op = n.op
+            if op == "call_function":
+                args = _lookup(n.args, env)
+                kwargs = _lookup(n.kwargs, env) if n.kwargs else {}
+                t = n.target
+                if not isinstance(t, torch._ops.OpOverload):
+                    env[n] = t(*args, **kwargs)  # operator.getitem, SymInt arithmetic
+                    continue
+                info = _INFOS[t]
+                meta = n.meta.get("val")
+                key = None
+                if n in seeded:
+                    # eager draws op k with fold_in(key(seed), offset + k): the same here
+                    key = jax.random.fold_in(base_key, offset + seeded[n])
+                try:
+                    out = info.call(info.normalize(args, kwargs), key, meta)
+                except Exception as e:
+                    e.add_note(f"torch_tpu compile: while lowering {n.format_node()}")
+                    raise
+                out = _cast_like(out, meta)
+                if info.mutated:
+                    self._mutate(n, info, out, env, write)
+                env[n] = out
+            elif op == "get_attr":
+                env[n] = consts[n.name]
+        return _lookup(self.output_node.args[0], env)
+
+    def _mutate(self, n, info, out, env, write):
+        """An in-place op: the lowering returned the written arguments' new values. A
+        graph input gets them written into its storage; any other node takes the new
+        value (functionalization leaves no reader of the old one)."""
+        news = out if len(info.mutated) > 1 else [out]
+        for i, new in zip(info.mutated, news):
+            arg = _arg(n, info, i)
+            targets = _targets(arg)
+            values = new if isinstance(arg, (list, tuple)) else [new]
+            for target, value in zip(targets, values):
+                env[target] = value
+                if target.op == "placeholder":
+                    write(self.ph_index[target], value)
+
+
+def _targets(arg):
+    """The nodes a mutated argument names (a Tensor[] argument names several)."""
+    if isinstance(arg, torch.fx.Node):
+        return [arg]
+    if isinstance(arg, (list, tuple)):
+        return [a for a in arg if isinstance(a, torch.fx.Node)]
+    return []
+
+
+def _arg(n, info, i):
+    if i < len(n.args):
+        return n.args[i]
+    return n.kwargs.get(info.names[i])
+
+
+def _fetch_attr(gm, target):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _lookup(a, env):
+    if isinstance(a, torch.fx.Node):
+        return env[a]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_lookup(x, env) for x in a)
+    if isinstance(a, dict):
+        return {k: _lookup(v, env) for k, v in a.items()}
+    return a
+
+
+def _cast_like(out, meta):
+    """Cast results to torch's dtypes (and shapes) from node.meta["val"]."""
+    if isinstance(meta, torch.Tensor):
+        if not isinstance(out, jax.Array):
+            if isinstance(out, (int, float, bool, complex)):
+                out = jnp.asarray(out)
+            else:
+                return out
+        dt = _runtime.jax_dtype(meta.dtype)
+        if out.dtype != dt:
+            out = out.astype(dt)
+        shape = _concrete_shape(meta)
+        if shape is not None and out.shape != shape:
+            out = out.reshape(shape) if out.size == math.prod(shape) else jnp.broadcast_to(out, shape)
+        return out
+    if isinstance(meta, (list, tuple)) and isinstance(out, (list, tuple)):
+        return type(out)(_cast_like(o, m) for o, m in zip(out, meta))
+    return out
+
+
+def _concrete_shape(meta):
+    """The meta shape, or None when it is symbolic (dynamic=True: sizes are known only at
+    run time; int() on a SymInt would add a guard after the fact)."""
+    shape = tuple(meta.shape)
+    return shape if all(type(s) is int for s in shape) else None
+
+

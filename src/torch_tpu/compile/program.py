@@ -1,0 +1,262 @@
+"""A compiled graph at run time: real tpu tensors in, one jitted XLA program, tensors out.
+
+Calling a `Program` (AOTAutograd's boxed convention: one list of arguments):
+  1. scan: each tpu tensor input gives its storage's flat buffer and its view spec
+     (shape, strides, offset, buffer length and dtype). Inputs sharing a storage share
+     one buffer. The specs (and any size arguments) key the executable cache: dynamo's
+     guards fix shapes and dtypes, so at steady state there is one key per graph;
+  2. run: the executable reads each input's view out of its buffer (as eager ops do),
+     interprets the graph (lower.GraphLowering), writes mutated inputs back into their
+     buffers, and returns every output as a flat buffer in the layout (strides) that the
+     graph's fake tensors promised AOTAutograd;
+  3. finish: new tpu tensors own the output buffers; mutated inputs' storages take their
+     new buffers.
+RNG: seeded nodes draw with keys from the tpu default generator's seed and offset, read
+per call and advanced by the number of seeded nodes, the scheme eager uses per op: the
+state goes in as inputs and comes out as the generator's new offset.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .. import _runtime, _storage, metrics
+from .._device import default_generator
+from .lower import GraphLowering
+
+_ATTR = _storage.ATTR
+_TPU = torch.device("tpu", 0)
+_SEED_MASK = 0x7FFFFFFFFFFFFFFF
+
+IN_TPU, IN_CPU, IN_INT, IN_OTHER = range(4)
+OUT_TPU, OUT_CPU, OUT_STATIC, OUT_INPUT = range(4)
+
+
+def input_kind(v) -> int:
+    if isinstance(v, torch.Tensor):
+        return IN_TPU if v.device.type == "tpu" else IN_CPU
+    if isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool):
+        return IN_INT
+    return IN_OTHER
+
+
+def _dense_order(shape, stride):
+    """For a non-overlapping, dense layout: the dims from outermost to innermost (a
+    permutation); None for anything else (overlapping, gaps, symbolic sizes)."""
+    if not all(type(s) is int for s in (*shape, *stride)):
+        return None
+    order = sorted(range(len(shape)), key=lambda d: (-stride[d], -shape[d]))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
+class _OutSpec:
+    __slots__ = ("kind", "dtype", "jdt", "stride", "perm", "shape", "n", "value")
+
+    def __init__(self, kind, dtype=None, stride=None, perm=None, value=None):
+        self.kind = kind
+        self.dtype = dtype
+        self.jdt = _runtime.jax_dtype(dtype) if dtype is not None else None
+        self.stride = stride    # strides of the result tensor when not contiguous
+        self.perm = perm        # dims outermost-first, when the buffer is permuted
+        self.value = value      # OUT_STATIC: the Python value; OUT_INPUT: input index
+        self.shape = None       # set when traced
+        self.n = None
+
+
+class Executable:
+    """One input layout's jitted program and how its results become tensors."""
+
+    __slots__ = ("fn", "outs", "mut_storages", "nbufs")
+
+    def __init__(self, fn, outs, mut_storages):
+        self.fn = fn
+        self.outs = outs                  # [_OutSpec], filled in by the first trace
+        self.mut_storages = mut_storages  # buffer indices the program returns new buffers for
+
+
+class Program:
+    """A lowered FX graph and its executables, one per input layout."""
+
+    def __init__(self, gm, example_inputs, name: str):
+        t0 = time.perf_counter()
+        self.name = name
+        self.graph = GraphLowering(gm)
+        self.kinds = [input_kind(x) for x in example_inputs]
+        self.consts = {k: _const_array(v) for k, v in self.graph.consts.items()}
+        self.n_seeded = self.graph.n_seeded
+        self.mutated = sorted(self.graph.mutated_inputs)
+        self.cpu_mutated = [i for i in self.mutated if self.kinds[i] == IN_CPU]
+        self.out_template = self._out_template()
+        self.cache: dict = {}
+        metrics.count("compile.graphs")
+        metrics.compile_seconds[0] += time.perf_counter() - t0
+
+    def _out_template(self):
+        specs = []
+        ph = self.graph.ph_index
+        for a in self.graph.output_node.args[0]:
+            if isinstance(a, torch.fx.Node):
+                meta = a.meta.get("val")
+                if isinstance(meta, torch.Tensor):
+                    if a.op == "placeholder" and ph[a] not in self.graph.mutated_inputs \
+                            and self.kinds[ph[a]] == IN_TPU:
+                        # an input returned as is: AOTAutograd regenerates such aliases
+                        # from the input, so hand back the input itself, no copy
+                        specs.append(_OutSpec(OUT_INPUT, value=ph[a]))
+                        continue
+                    kind = OUT_TPU if meta.device.type == "tpu" else OUT_CPU
+                    order = _dense_order(tuple(meta.shape), tuple(meta.stride()))
+                    contiguous = order is None or order == list(range(meta.dim()))
+                    perm = None if contiguous else order
+                    stride = None if contiguous else tuple(meta.stride())
+                    specs.append(_OutSpec(kind, meta.dtype, stride, perm))
+                    continue
+            specs.append(_OutSpec(OUT_STATIC))
+        return specs
+
+    # ------------------------------------------------------------ per call
+    def __call__(self, args):
+        kinds = self.kinds
+        parts = []
+        bufs = []
+        storages = []
+        seen = {}
+        extra = []
+        for k, a in zip(kinds, args):
+            if k == IN_TPU:
+                s = a.untyped_storage()
+                rec = getattr(s, _ATTR, None)
+                if rec is None:
+                    rec = _storage.record(s, a.dtype)
+                j = seen.get(id(s))
+                if j is None:
+                    j = seen[id(s)] = len(bufs)
+                    bufs.append(rec[0])
+                    storages.append(s)
+                parts.append((a.shape, a.stride(), a.storage_offset(), a.dtype, rec[1], rec[2], j))
+            elif k == IN_CPU:
+                parts.append((a.shape, a.dtype))
+                extra.append(_runtime.to_device(a.contiguous()))
+            elif k == IN_INT:
+                parts.append(int(a))
+            else:
+                parts.append(a)
+        key = tuple(parts)
+        exe = self.cache.get(key)
+        if exe is None:
+            exe = self._build(key, len(bufs))
+            self.cache[key] = exe
+        if self.n_seeded:
+            gen = default_generator()
+            offset = gen.get_offset()
+            gen.set_offset(offset + self.n_seeded)
+            extra.append(gen.initial_seed() & _SEED_MASK)
+            extra.append(offset)
+        metrics.counters["compile.calls"] += 1
+        flat_outs, new_bufs = exe.fn(*bufs, *extra, *self.consts.values())
+        for j, buf in zip(exe.mut_storages, new_bufs[:len(exe.mut_storages)]):
+            s = storages[j]
+            rec = getattr(s, _ATTR)
+            _storage.set_buffer(s, buf, rec[1], rec[2])
+        for i, host in zip(self.cpu_mutated, new_bufs[len(exe.mut_storages):]):
+            args[i].copy_(_runtime.to_host(host, args[i].dtype).reshape(args[i].shape))
+        outs = []
+        it = iter(flat_outs)
+        for spec in exe.outs:
+            kind = spec.kind
+            if kind == OUT_TPU:
+                flat = next(it)
+                if spec.stride is None:
+                    t = torch.empty(spec.shape, dtype=spec.dtype, device=_TPU)
+                else:
+                    t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=_TPU)
+                setattr(t.untyped_storage(), _ATTR, (flat, spec.n, spec.jdt))
+                outs.append(t)
+            elif kind == OUT_INPUT:
+                outs.append(args[spec.value])
+            elif kind == OUT_CPU:
+                outs.append(_runtime.to_host(next(it), spec.dtype).reshape(spec.shape))
+            else:
+                outs.append(spec.value)
+        args.clear()  # the boxed convention: let inputs die as early as possible
+        return outs
+
+    # ------------------------------------------------------------ per input layout
+    def _build(self, key, nbufs):
+        t0 = time.perf_counter()
+        graph = self.graph
+        kinds = self.kinds
+        outs = [_OutSpec(s.kind, s.dtype, s.stride, s.perm, s.value) for s in self.out_template]
+        # storages the graph writes, in a fixed order: their new buffers come back
+        mut_storages = sorted({key[i][6] for i in self.mutated if kinds[i] == IN_TPU})
+        ncpu = sum(1 for k in kinds if k == IN_CPU)
+        seeded = self.n_seeded > 0
+        const_names = list(self.consts)
+
+        def run(*flat):
+            bufs = flat[:nbufs]
+            rest = flat[nbufs:]
+            cpu = rest[:ncpu]
+            seed, offset = (rest[ncpu], rest[ncpu + 1]) if seeded else (0, 0)
+            consts = dict(zip(const_names, rest[ncpu + 2 * seeded:]))
+            current = list(bufs)   # storage buffers, updated by in-graph writes
+            inputs = []
+            cpu_it = iter(cpu)
+            for k, part in zip(kinds, key):
+                if k == IN_TPU:
+                    shape, stride, offset_, dtype, blen, bdt, j = part
+                    inputs.append(_storage.reader(tuple(shape), tuple(stride), offset_, blen,
+                                                  bdt, dtype)(bufs[j]))
+                elif k == IN_CPU:
+                    inputs.append(next(cpu_it).reshape(tuple(part[0])))
+                else:
+                    inputs.append(part)
+            cpu_new = {}
+
+            def write(i, value):
+                if kinds[i] == IN_CPU:
+                    cpu_new[i] = value
+                    return
+                shape, stride, offset_, dtype, blen, bdt, j = key[i]
+                value = jnp.broadcast_to(value.astype(_runtime.jax_dtype(dtype)), tuple(shape))
+                w = _storage.writer(tuple(shape), tuple(stride), offset_, blen, bdt, dtype)
+                current[j] = w(current[j], value)
+
+            results = graph.trace(inputs, consts, seed, offset, write)
+            flat_outs = []
+            for spec, r in zip(outs, results):
+                if spec.kind in (OUT_TPU, OUT_CPU):
+                    spec.shape = tuple(r.shape)
+                    spec.n = r.size
+                    x = jnp.transpose(r, spec.perm) if spec.perm is not None else r
+                    flat_outs.append(x.reshape(-1))
+                elif spec.kind == OUT_STATIC:
+                    spec.value = r
+            new_bufs = [current[j] for j in mut_storages]
+            new_bufs += [cpu_new[i] for i in self.cpu_mutated]
+            return flat_outs, new_bufs
+
+        metrics.count("compile.executables")
+        if len(self.cache):
+            metrics.count("compile.respecializations")
+        metrics.compile_seconds[0] += time.perf_counter() - t0
+        return Executable(jax.jit(run), outs, mut_storages)
+
+
+def _const_array(t):
+    """A tensor the graph holds as a constant (get_attr) -> a JAX array of its shape."""
+    if isinstance(t, torch.Tensor):
+        if t.device.type == "tpu":
+            from .._dispatch import materialize
+
+            return materialize(t)
+        return _runtime.to_device(t.detach().contiguous()).reshape(tuple(t.shape))
+    return t
