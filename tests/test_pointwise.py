@@ -100,7 +100,8 @@ UNARY = [
     ("sinc", torch.sinc, "any", (F32,)),
     ("ndtri", torch.special.ndtri, "prob", (F32,)),
     ("erfcx", torch.special.erfcx, "any", (F32,)),
-    ("polygamma1", lambda x: torch.polygamma(1, x), "pos", (F32,)),
+    ("trigamma", lambda x: torch.polygamma(1, x * 4), "any", (F32,)),
+    ("polygamma3", lambda x: torch.polygamma(3, x * 4), "any", (F32,)),
 ]
 
 
@@ -111,7 +112,7 @@ def _cases(table):
 
 
 # ops whose float32 special functions differ from torch's own algorithms by a few ulp
-LOOSE = {"lgamma", "digamma", "erfinv", "polygamma1", "erfcx", "i0"}
+LOOSE = {"lgamma", "digamma", "erfinv", "trigamma", "polygamma3", "erfcx", "i0"}
 
 
 @pytest.mark.parametrize("name,fn,domain,dtype", _cases(UNARY))
@@ -161,6 +162,7 @@ BINARY = [
     ("logaddexp", torch.logaddexp, "any", "any", FLOATS),
     ("logaddexp2", torch.logaddexp2, "any", "any", FLOATS),
     ("xlogy", torch.xlogy, "any", "pos", FLOATS),
+    ("zeta", torch.special.zeta, "ge1", "any", (F32,)),
     ("bitwise_and", torch.bitwise_and, "any", "any", (I64,)),
     ("bitwise_or", torch.bitwise_or, "any", "any", (I64,)),
     ("bitwise_xor", torch.bitwise_xor, "any", "any", (I64,)),
@@ -187,7 +189,7 @@ def test_binary(name, fn, da, db, dtype):
     # a Python number on the right (a 0-dim tensor for ops that only take tensors)
     scalar = b[1].item()
     if name in ("atan2", "hypot", "logaddexp", "logaddexp2", "fmax", "fmin", "maximum",
-                "minimum", "logical_and", "logical_xor", "gcd", "lcm"):
+                "minimum", "logical_and", "logical_xor", "gcd", "lcm", "zeta"):
         check(fn, a, b[1].clone())
     else:
         check(fn, a, scalar)

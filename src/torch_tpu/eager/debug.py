@@ -272,8 +272,11 @@ def _all_finite(flat):
     return jnp.isfinite(flat).all()
 
 
-def _finite_buffer(buf) -> bool:
-    return bool(_all_finite(buf))
+def _finite_storage(rec, dtype) -> bool:
+    """True when the whole storage is finite: then so is every view of it. A storage
+    viewed as another dtype (x.view(torch.int32)) says nothing; check the view instead."""
+    buf, _, bdt = rec
+    return bdt == _runtime.jax_dtype(dtype) and bool(_all_finite(buf))
 
 
 def _snapshot(vals):
@@ -307,7 +310,7 @@ def _inputs_finite(snapshot) -> bool:
                 return False
             continue
         buf, n, bdt = rec
-        if buf.is_deleted() or _finite_buffer(buf):
+        if buf.is_deleted() or _finite_storage(rec, t.dtype):
             continue
         # the storage holds NaN/Inf somewhere: look at this view only
         view = _dispatch._materializer(shape, stride, offset, n, bdt, t.dtype)(buf)
@@ -331,8 +334,8 @@ def check_finite(plan, outs, snapshot) -> None:
         if not _is_float(t.dtype):
             continue
         metrics.count("debug.nan_checks")
-        buf = _storage.record(t.untyped_storage(), t.dtype)[0]
-        if _finite_buffer(buf) or bool(_all_finite(_dispatch.materialize(t).reshape(-1))):
+        rec = _storage.record(t.untyped_storage(), t.dtype)
+        if _finite_storage(rec, t.dtype) or bool(_all_finite(_dispatch.materialize(t).reshape(-1))):
             continue
         if not _inputs_finite(snapshot):
             return  # propagated: the op that made the first NaN/Inf was already named

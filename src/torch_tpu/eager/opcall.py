@@ -277,6 +277,10 @@ class OpPlan:
                 offset = next(dyns_it)
                 kw["generator"] = jax.random.fold_in(jax.random.key(seed), offset)
             raw = _flatten(lowering(*args[:npos], **kw))
+            # gradients an output_mask leaves out come back as None, where torch's meta
+            # kernel returns None too: they are not fresh results
+            nmut = len(mut_slots)
+            raw = [x for x in raw[:len(raw) - nmut] if x is not None] + raw[len(raw) - nmut:]
             if specs is None:
                 return raw[:len(raw) - len(mut_slots)], None
             shapes, dtypes = specs

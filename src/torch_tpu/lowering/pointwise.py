@@ -7,16 +7,13 @@ Half and bfloat16 operands are rounded to their dtype like torch's TensorIterato
 then computed in float32 ("opmath", as torch's CPU and CUDA kernels do); the executor
 rounds results back to torch's result dtype.
 
-Activations live in activation.py and the `_foreach_*` ops in foreach.py, both built on
-the helpers here.
+Activations live in activation.py, gamma/zeta/Bessel-family functions in special.py and
+the `_foreach_*` ops in foreach.py, all built on the helpers here.
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
-import jax.scipy.special as jsp
 import torch
 from jax import lax
 
@@ -321,25 +318,6 @@ def _fmin(a, b):
     return jnp.fmin(a, b)
 
 
-def _xlog(log):
-    def fn(x, y):
-        # torch: NaN if y is NaN, else 0 where x == 0 (even where log(y) is inf or NaN)
-        out = jnp.where(x == 0, jnp.zeros_like(x), x * log(y))
-        return jnp.where(jnp.isnan(y), y, out)
-
-    return fn
-
-
-def _zeta(x, q):
-    """Hurwitz zeta with torch's domain rules (which JAX's zeta does not follow): inf at
-    x == 1, NaN for x < 1, inf at the poles q = 0, -1, ..., NaN for other q <= 0 unless x
-    is an integer."""
-    out = jsp.zeta(x, q)
-    out = jnp.where((q <= 0) & (x != jnp.floor(x)), jnp.nan, out)
-    out = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, out)
-    return jnp.where(x == 1, jnp.inf, jnp.where(x < 1, jnp.nan, out))
-
-
 # binary ops computing in floating point: int and bool operands promote to the default dtype
 _FLOAT_BINARY = [
     ([aten.atan2.default], jnp.arctan2),
@@ -347,13 +325,6 @@ _FLOAT_BINARY = [
     ([aten.copysign.Tensor, aten.copysign.Scalar], jnp.copysign),
     ([aten.logaddexp.default], jnp.logaddexp),
     ([aten.logaddexp2.default], jnp.logaddexp2),
-    ([aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other], _xlog(jnp.log)),
-    ([aten.special_xlog1py.default, aten.special_xlog1py.self_scalar,
-      aten.special_xlog1py.other_scalar], _xlog(jnp.log1p)),
-    ([aten.special_zeta.default, aten.special_zeta.self_scalar,
-      aten.special_zeta.other_scalar], _zeta),
-    ([aten.igamma.default], jsp.gammainc),
-    ([aten.igammac.default], jsp.gammaincc),
     ([aten.ldexp.Tensor], lambda x, e: x * jnp.exp2(e)),
 ]
 for _ops, _fn in _FLOAT_BINARY:
@@ -386,13 +357,6 @@ def _keep_ints(fn):
     return lambda x: fn(x) if _is_float(x.dtype) else x
 
 
-def _digamma(x):
-    # torch: digamma(+-0) = -+inf, NaN at the negative integers (the poles)
-    pole = (x < 0) & (x == jnp.floor(x))
-    out = jnp.where(pole, jnp.nan, jsp.digamma(x))
-    return jnp.where(x == 0, jnp.copysign(jnp.full_like(x, jnp.inf), -x), out)
-
-
 def _sign(x):
     if x.dtype == jnp.bool_:
         return x
@@ -412,11 +376,6 @@ def _angle(x):
         return jnp.angle(x)
     # torch: pi for negative reals, 0 otherwise, NaN stays NaN
     return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0.0).astype(x.dtype))
-
-
-def _entr(x):
-    out = jnp.where(x == 0, jnp.zeros_like(x), -x * jnp.log(x))
-    return jnp.where(x < 0, -jnp.inf, out)
 
 
 # int and bool inputs compute in the default float dtype (torch's INT_TO_FLOAT ops)
@@ -447,16 +406,6 @@ _FLOAT_UNARY = {
     aten.erf.default: lax.erf,
     aten.erfc.default: lax.erfc,
     aten.erfinv.default: lax.erf_inv,
-    aten.lgamma.default: lax.lgamma,
-    aten.digamma.default: _digamma,
-    aten.i0.default: jsp.i0,
-    aten.special_i0e.default: jsp.i0e,
-    aten.special_i1.default: jsp.i1,
-    aten.special_i1e.default: jsp.i1e,
-    aten.special_ndtri.default: jsp.ndtri,
-    aten.special_log_ndtr.default: jsp.log_ndtr,
-    aten.special_erfcx.default: jsp.erfcx,
-    aten.special_entr.default: _entr,
     aten.sinc.default: jnp.sinc,
     aten.angle.default: _angle,
 }
@@ -505,38 +454,6 @@ def _nan_to_num(x, nan=None, posinf=None, neginf=None):
         return x
     # defaults are the largest finite values of the tensor's own dtype, hence no opmath
     return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
-
-
-@lowering(aten.polygamma.default)
-def _polygamma(n, self):
-    (x,) = _operands(self, int_to_float=True)
-    if n == 0:
-        return _digamma(x)
-    if n == 1:
-        return _trigamma(x)
-    # torch's formula, through the zeta with torch's pole rules (JAX's polygamma gives NaN
-    # at the poles, where torch gives +-inf)
-    return (-1.0) ** (n + 1) * math.factorial(n) * _zeta(jnp.asarray(n + 1.0, x.dtype), x)
-
-
-def _trigamma(x):
-    """torch's calc_trigamma: reflection below 1/2, six recurrence steps, then the
-    asymptotic series; JAX's polygamma(1, x) is wrong for x below about -5."""
-    reflect = x < 0.5
-    sin_pi_x = jnp.sin(jnp.pi * x)
-    result = jnp.where(reflect, -(jnp.pi ** 2) / (sin_pi_x * sin_pi_x), 0.0)
-    x = jnp.where(reflect, 1 - x, x)
-    for _ in range(6):
-        result = result + 1 / (x * x)
-        x = x + 1
-    ixx = 1 / (x * x)
-    result = result + (1 + 1 / (2 * x) + ixx * (1 / 6 - ixx * (1 / 30 - ixx / 42))) / x
-    return jnp.where(reflect, -result, result)
-
-
-@pointwise(aten.mvlgamma.default, int_to_float=True)
-def _mvlgamma(x, p):
-    return jsp.multigammaln(x, p)
 
 
 @lowering(aten.frexp.Tensor)
@@ -636,6 +553,7 @@ def _addcdiv(self, tensor1, tensor2, value=1):
     return self + _like(value, self) * tensor1 / tensor2
 
 
-# The activations and the _foreach_* ops build on the helpers above; importing them here
-# registers their lowerings along with this module's.
-from . import activation, foreach  # noqa: E402,F401
+# The activations, special functions and _foreach_* ops build on the helpers above;
+# importing them here registers their lowerings along with this module's (foreach last:
+# it wraps the elementwise lowerings the others register).
+from . import activation, special, foreach  # noqa: E402,F401

@@ -1,0 +1,247 @@
+"""DeferAndFuse: flush triggers (asserted through metrics), loop detection, the fused-graph
+cache, dead intermediates, error attribution, and the mode API."""
+import io
+import threading
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu import metrics
+from torch_tpu.eager import fuse
+
+DEFER = torch_tpu.EagerMode.DEFER_AND_FUSE
+
+
+def _flushes():
+    c = metrics.as_dict()["counters"]
+    return {k[len("flush."):]: v for k, v in c.items() if k.startswith("flush.")}
+
+
+def _delta(before, after):
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+
+
+def _pending_value():
+    x = torch.arange(6.0, device="tpu")
+    return (x * 2 + 1).reshape(2, 3)
+
+
+TRIGGERS = {
+    "item": lambda t: t.sum().item(),
+    "tolist": lambda t: t.tolist(),
+    "numpy": lambda t: t.cpu().numpy(),
+    "cpu": lambda t: t.cpu(),
+    "to_cpu": lambda t: t.to("cpu"),
+    "print": lambda t: repr(t),
+    "save": lambda t: torch.save(t, io.BytesIO()),
+    "bool": lambda t: bool(t.sum() > 0),
+    "int": lambda t: int(t[0, 0]),
+    "float": lambda t: float(t[0, 0]),
+    "synchronize": lambda t: torch.tpu.synchronize(),
+    "sync": lambda t: torch_tpu.sync(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRIGGERS))
+def test_each_sync_point_flushes(name):
+    with torch_tpu.eager_mode(DEFER):
+        t = _pending_value()
+        assert type(t.untyped_storage()._xla[0]).__name__ == "Lazy"
+        before = _flushes()
+        TRIGGERS[name](t)
+        assert _delta(before, _flushes()).get("sync", 0) >= 1
+        assert type(t.untyped_storage()._xla[0]).__name__ != "Lazy"
+    assert torch.equal(t.cpu(), (torch.arange(6.0) * 2 + 1).reshape(2, 3))
+
+
+def test_mode_change_flushes_and_values_survive():
+    with torch_tpu.eager_mode(DEFER):
+        t = _pending_value()
+        before = _flushes()
+        with torch_tpu.eager_mode(torch_tpu.EagerMode.STRICT):
+            assert _delta(before, _flushes()).get("mode_change", 0) == 1
+            u = t + 1
+    assert torch.equal(u.cpu(), (torch.arange(6.0) * 2 + 2).reshape(2, 3))
+
+
+def test_graph_size_cap(monkeypatch):
+    from torch_tpu.eager import defer
+
+    monkeypatch.setattr(defer, "MAX_NODES", 50)
+    with torch_tpu.eager_mode(DEFER):
+        before = _flushes()
+        x = torch.zeros(4, device="tpu")
+        for i in range(120):
+            x = x + (i % 3)  # no repetition period of 10+ ops: only the cap flushes
+        assert _delta(before, _flushes()).get("size_cap", 0) == 2
+    assert x.sum().item() == 4 * sum(i % 3 for i in range(120))
+
+
+def _step(w, x):
+    h = torch.tanh(x @ w)
+    loss = (h * h).mean()
+    g = torch.autograd.grad(loss, w)[0]
+    with torch.no_grad():
+        w.sub_(0.1 * g)
+    return loss
+
+
+def test_loop_without_sync_flushes_once_per_iteration_into_one_graph():
+    torch.manual_seed(0)
+    w0, x0 = torch.randn(8, 8), torch.randn(4, 8)
+    w = w0.to("tpu").requires_grad_()
+    x = x0.to("tpu")
+    with torch_tpu.eager_mode(DEFER):
+        torch_tpu.sync()
+        before = dict(metrics.as_dict()["counters"])
+        for _ in range(50):
+            _step(w, x)
+        after = dict(metrics.as_dict()["counters"])
+        loops = after.get("flush.loop", 0) - before.get("flush.loop", 0)
+        graphs = after.get("fused_graphs_compiled", 0) - before.get("fused_graphs_compiled", 0)
+        hits = after.get("fused_cache_hits", 0) - before.get("fused_cache_hits", 0)
+        # the first flush covers two iterations (the repetition is seen), then one per 2
+        assert 20 <= loops <= 25, loops
+        assert graphs <= 2, graphs
+        assert hits >= loops - 2
+    w_cpu = w.detach().cpu()
+    w2, x2 = w0.clone().requires_grad_(), x0
+    for _ in range(50):
+        _step(w2, x2)
+    torch.testing.assert_close(w_cpu, w2.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_steady_training_loop_compiles_no_new_graph_after_step_2():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 16, device="tpu")
+    y = torch.randint(0, 4, (8,), device="tpu")
+    counts = []
+    with torch_tpu.eager_mode(DEFER):
+        for _ in range(50):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+            counts.append(metrics.counters["fused_graphs_compiled"])
+    assert counts[-1] == counts[1], counts[:5]
+
+
+def test_dead_intermediates_get_no_buffer_and_peak_memory_is_lower():
+    x = torch.randn(256, 256, device="tpu")
+
+    def chain():
+        y = x
+        for _ in range(10):
+            y = y * 1.01 + 0.5
+        return y
+
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    strict_out = chain()
+    strict_peak = torch.tpu.max_memory_allocated() - base
+    del strict_out
+    torch.tpu.reset_peak_memory_stats()
+    with torch_tpu.eager_mode(DEFER):
+        out = chain()
+        assert torch.tpu.memory_allocated() - base == 0  # nothing materialized yet
+        out.cpu()
+    defer_peak = torch.tpu.max_memory_allocated() - base
+    assert defer_peak == 256 * 256 * 4 < strict_peak
+
+
+def test_recompile_reason_names_the_changed_input():
+    with torch_tpu.eager_mode(DEFER):
+        for n in (5, 7):
+            a = torch.ones(n, device="tpu")
+            (a * 3 + 1).sum().item()
+    assert any("torch.Size([7])" in r or "(7,)" in r for r in fuse.recompile_reasons[-3:]), \
+        fuse.recompile_reasons[-3:]
+
+
+def test_error_during_flush_names_op_and_line():
+    lib = torch.library.Library("torch_tpu_defer_test", "DEF")
+    lib.define("broken(Tensor x) -> Tensor")
+    lib.impl("broken", lambda x: x.clone(), "Meta")
+    op = torch.ops.torch_tpu_defer_test.broken.default
+    from torch_tpu import _dispatch
+    from torch_tpu.lowering import registry
+
+    def bad_lowering(x):
+        raise ValueError("deliberately broken lowering")
+
+    registry.LOWERINGS[op] = bad_lowering
+    try:
+        impl = torch.library.Library("torch_tpu_defer_test", "IMPL")  # kept alive: it holds the kernel
+        impl.impl("broken", _dispatch._kernel(_dispatch.plan_for(op)), "PrivateUse1")
+        with torch_tpu.eager_mode(DEFER):
+            y = op(torch.ones(3, device="tpu"))  # recorded here
+            with pytest.raises(RuntimeError, match=r"broken.*test_defer.py:\d+.*deliberately"):
+                y.cpu()
+        assert (torch.ones(2, device="tpu") + 1).sum().item() == 4  # the process goes on
+    finally:
+        del registry.LOWERINGS[op]
+
+
+def test_same_seed_same_numbers_in_defer():
+    with torch_tpu.eager_mode(DEFER):
+        torch.manual_seed(7)
+        a = torch.randn(5, device="tpu").cpu()
+        torch.manual_seed(7)
+        b = torch.randn(5, device="tpu").cpu()
+    torch.manual_seed(7)
+    c = torch.randn(5, device="tpu").cpu()
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_views_and_inplace_match_strict():
+    def work():
+        x = torch.zeros(4, 4, device="tpu")
+        x[1].add_(1)
+        t = x.t()
+        x[2, 3] = 5.0
+        v = x.view(-1)[::2]
+        v.mul_(2)
+        return x.cpu(), t.cpu()
+
+    strict = work()
+    with torch_tpu.eager_mode(DEFER):
+        defer = work()
+    assert all(torch.equal(a, b) for a, b in zip(strict, defer))
+
+
+def test_mode_api():
+    assert torch_tpu.get_eager_mode() is torch_tpu.EagerMode.STRICT
+    assert torch_tpu.EagerMode.DEFER_NEVER is torch_tpu.EagerMode.STRICT
+    assert torch_tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING is torch_tpu.EagerMode.DEBUG
+    seen = {}
+    with torch_tpu.eager_mode(DEFER):
+        with torch_tpu.eager_mode("debug"):
+            seen["inner"] = torch_tpu.get_eager_mode()
+        seen["outer"] = torch_tpu.get_eager_mode()
+        th = threading.Thread(target=lambda: seen.setdefault("thread", torch_tpu.get_eager_mode()))
+        th.start()
+        th.join()
+    assert seen == {"inner": torch_tpu.EagerMode.DEBUG, "outer": DEFER,
+                    "thread": torch_tpu.EagerMode.STRICT}
+    torch_tpu.set_eager_mode("defer_and_fuse")
+    try:
+        assert torch_tpu.get_eager_mode() is DEFER
+    finally:
+        torch_tpu.set_eager_mode(torch_tpu.EagerMode.STRICT)
+
+
+@pytest.mark.parametrize("env,mode", [("TORCH_TPU_LAUNCH_BLOCKING", "DEBUG"),
+                                      ("TORCH_TPU_DEFER_AND_FUSE", "DEFER_AND_FUSE")])
+def test_mode_from_environment(env, mode):
+    import os
+    import subprocess
+    import sys
+
+    code = "import torch, torch_tpu; print(torch_tpu.get_eager_mode().name)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, env: "1"}, timeout=300)
+    assert out.stdout.strip() == mode, out.stderr[-1000:]
