@@ -122,6 +122,10 @@ def _i(*v):
     return _tpu(*v, dtype=torch.long)
 
 
+def _ones(*shape):
+    return torch.ones(*shape, device="tpu")
+
+
 # (name, call on a tpu copy of A, the op named in the error, the value named)
 BAD = [
     ("index", lambda a: a[:, _i(0, 3)], "aten::index", "index 3"),
@@ -131,10 +135,11 @@ BAD = [
     ("index_put", lambda a: a.index_put_((_i(2),), _tpu(1.0)), "aten::index_put", "index 2"),
     ("setitem", lambda a: a.__setitem__(_i(5), 1.0), "aten::index_put", "index 5"),
     ("scatter", lambda a: a.scatter_(1, _i(4).view(1, 1), 1.0), "aten::scatter", "index 4"),
-    ("scatter_add", lambda a: a.scatter_add(0, _i(2).view(1, 1), _tpu([1.0])), "aten::scatter_add", "index 2"),
+    ("scatter_add", lambda a: a.scatter_add(0, _i(2).view(1, 1), _ones(1, 1)), "aten::scatter_add",
+     "index 2"),
     ("index_select", lambda a: a.index_select(0, _i(2)), "aten::index_select", "index 2"),
-    ("index_add", lambda a: a.index_add_(0, _i(2), torch.ones(1, 3, device="tpu")), "aten::index_add", "index 2"),
-    ("index_copy", lambda a: a.index_copy(1, _i(3), torch.ones(2, 1, device="tpu")), "aten::index_copy", "index 3"),
+    ("index_add", lambda a: a.index_add_(0, _i(2), _ones(1, 3)), "aten::index_add", "index 2"),
+    ("index_copy", lambda a: a.index_copy(1, _i(3), _ones(2, 1)), "aten::index_copy", "index 3"),
     ("take", lambda a: a.take(_i(6)), "aten::take", "index 6"),
     ("put", lambda a: a.put_(_i(-7), _tpu(1.0)), "aten::put", "index -7"),
     ("cross_entropy", lambda a: F.cross_entropy(a, _i(0, 3)), "aten::nll_loss", "target 3"),
@@ -179,11 +184,11 @@ _LIBS = []
 
 @pytest.fixture(scope="module")
 def wrong_op():
-    """torch_tpu_test::wrong: x * 2 on CPU, but a (deliberately wrong) lowering of x * 3."""
-    lib = torch.library.Library("torch_tpu_test", "DEF")
+    """torch_tpu_debug_test::wrong: x * 2 on CPU, but a (deliberately wrong) lowering of x * 3."""
+    lib = torch.library.Library("torch_tpu_debug_test", "DEF")
     lib.define("wrong(Tensor x) -> Tensor")
     lib.impl("wrong", lambda x: x * 2, "CPU")
-    op = torch.ops.torch_tpu_test.wrong.default
+    op = torch.ops.torch_tpu_debug_test.wrong.default
     registry.lowering(op)(lambda x: x * 3)
     try:
         lib.impl("wrong", _dispatch._kernel(_dispatch.plan_for(op)), "PrivateUse1")
@@ -191,7 +196,7 @@ def wrong_op():
         # the plan keeps the lowering; the shared table stays as the package made it
         del registry.LOWERINGS[op]
     _LIBS.append(lib)
-    return torch.ops.torch_tpu_test.wrong
+    return torch.ops.torch_tpu_debug_test.wrong
 
 
 def test_cpu_shadow_flags_a_wrong_lowering(debug, wrong_op, monkeypatch):
@@ -203,7 +208,7 @@ def test_cpu_shadow_flags_a_wrong_lowering(debug, wrong_op, monkeypatch):
     with pytest.raises(TpuCpuMismatchError) as e:
         wrong_op(x)
     msg = str(e.value)
-    assert "torch_tpu_test::wrong" in msg and line in msg and "tpu 3.0 vs cpu 2.0" in msg, msg
+    assert "torch_tpu_debug_test::wrong" in msg and line in msg and "tpu 3.0 vs cpu 2.0" in msg, msg
     torch.testing.assert_close((y * 2).cpu(), (torch.sin(torch.arange(4.0)) @ torch.ones(4, 3)) * 2)
 
 

@@ -27,30 +27,31 @@ def _pending_value():
     return (x * 2 + 1).reshape(2, 3)
 
 
-TRIGGERS = {
-    "item": lambda t: t.sum().item(),
-    "tolist": lambda t: t.tolist(),
-    "numpy": lambda t: t.cpu().numpy(),
-    "cpu": lambda t: t.cpu(),
-    "to_cpu": lambda t: t.to("cpu"),
-    "print": lambda t: repr(t),
-    "save": lambda t: torch.save(t, io.BytesIO()),
-    "bool": lambda t: bool(t.sum() > 0),
-    "int": lambda t: int(t[0, 0]),
-    "float": lambda t: float(t[0, 0]),
-    "synchronize": lambda t: torch.tpu.synchronize(),
-    "sync": lambda t: torch_tpu.sync(),
+TRIGGERS = {  # name -> (action, the flush trigger metrics must show)
+    "item": (lambda t: t.sum().item(), "item"),
+    "tolist": (lambda t: t.tolist(), "to_cpu"),
+    "numpy": (lambda t: t.cpu().numpy(), "to_cpu"),
+    "cpu": (lambda t: t.cpu(), "to_cpu"),
+    "to_cpu": (lambda t: t.to("cpu"), "to_cpu"),
+    "print": (lambda t: repr(t), "print"),
+    "save": (lambda t: torch.save(t, io.BytesIO()), "to_cpu"),
+    "bool": (lambda t: bool(t.sum() > 0), "item"),
+    "int": (lambda t: int(t[0, 0]), "item"),
+    "float": (lambda t: float(t[0, 0]), "item"),
+    "synchronize": (lambda t: torch.tpu.synchronize(), "synchronize"),
+    "sync": (lambda t: torch_tpu.sync(), "synchronize"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(TRIGGERS))
 def test_each_sync_point_flushes(name):
+    action, trigger = TRIGGERS[name]
     with torch_tpu.eager_mode(DEFER):
         t = _pending_value()
         assert type(t.untyped_storage()._xla[0]).__name__ == "Lazy"
         before = _flushes()
-        TRIGGERS[name](t)
-        assert _delta(before, _flushes()).get("sync", 0) >= 1
+        action(t)
+        assert _delta(before, _flushes()).get(trigger, 0) >= 1, _delta(before, _flushes())
         assert type(t.untyped_storage()._xla[0]).__name__ != "Lazy"
     assert torch.equal(t.cpu(), (torch.arange(6.0) * 2 + 1).reshape(2, 3))
 
@@ -245,3 +246,25 @@ def test_mode_from_environment(env, mode):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, env: "1"}, timeout=300)
     assert out.stdout.strip() == mode, out.stderr[-1000:]
+
+
+def test_metrics_report_and_dict():
+    with torch_tpu.eager_mode(DEFER):
+        (torch.ones(3, device="tpu") * 2).sum().item()
+    d = metrics.as_dict()
+    assert d["counters"]["dispatches.defer_and_fuse"] > 0 and d["counters"]["flush.item"] > 0
+    assert d["counters"]["cache_hits"] + d["counters"]["cache_misses"] >= 2
+    assert "recompile_reasons" in d and isinstance(d["compile_seconds"], float)
+    text = metrics.report()
+    assert "flush.item" in text and "dispatches.defer_and_fuse" in text
+
+
+def test_metrics_printed_at_exit_with_env():
+    import os
+    import subprocess
+    import sys
+
+    code = "import torch, torch_tpu; (torch.ones(2, device='tpu') + 1).cpu()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "TORCH_TPU_METRICS": "1"}, timeout=300)
+    assert "torch_tpu metrics" in out.stdout and "dispatches.strict" in out.stdout

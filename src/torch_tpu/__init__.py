@@ -25,6 +25,8 @@ from .eager.modes import EagerMode, eager_mode, get_eager_mode, set_eager_mode  
 from .eager import modes as _modes  # noqa: E402
 
 _modes.init_from_env()
+if __import__("os").environ.get("TORCH_TPU_METRICS", "0") not in ("", "0"):
+    metrics.print_at_exit()
 
 set_cpu_fallback = _dispatch.set_cpu_fallback
 

@@ -84,7 +84,7 @@ def synchronize(device=None) -> None:
     """Wait until every op dispatched so far has finished."""
     from .eager import modes
 
-    modes.flush_pending()
+    modes.flush_pending("synchronize")
     for arr in _runtime.jax_live_arrays():
         arr.block_until_ready()
 
@@ -228,10 +228,9 @@ def _print_from_host() -> None:
 
     def _tensor_str(self, indent):
         if self.device.type == "tpu":
-            from . import metrics
+            from ._dispatch import to_cpu
 
-            metrics.count("sync.print")
-            self = self.cpu()
+            self = to_cpu(self, "print")
         return original(self, indent)
 
     ts._tensor_str = _tensor_str

@@ -111,9 +111,10 @@ def _materializer(shape, stride, offset, blen, bdt, dtype):
     return jax.jit(_storage.reader(shape, stride, offset, blen, bdt, dtype))
 
 
-def materialize(t: torch.Tensor) -> jax.Array:
-    """The value of a tpu tensor as a jax array of its shape (async)."""
-    modes.flush_pending()
+def materialize(t: torch.Tensor, reason: str = "read") -> jax.Array:
+    """The value of a tpu tensor as a jax array of its shape (async). `reason` names the
+    DeferAndFuse flush trigger in metrics."""
+    modes.flush_pending(reason)
     buf, n, bdt = _storage.record(t.untyped_storage(), t.dtype)
     shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
     if offset == 0 and n == t.numel() and bdt == _runtime.jax_dtype(t.dtype) and t.is_contiguous():
@@ -121,9 +122,9 @@ def materialize(t: torch.Tensor) -> jax.Array:
     return _materializer(shape, stride, offset, n, bdt, t.dtype)(buf)
 
 
-def to_cpu(t: torch.Tensor) -> torch.Tensor:
+def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
     metrics.count("device_to_host")
-    return _runtime.to_host(materialize(t), t.dtype).reshape(t.shape)
+    return _runtime.to_host(materialize(t, reason), t.dtype).reshape(t.shape)
 
 
 def _upload(src: torch.Tensor) -> torch.Tensor:
@@ -167,8 +168,8 @@ def _copy_from_and_resize(self, dst):
 
 
 def _local_scalar_dense(self):
-    metrics.count("sync.item")
-    return to_cpu(self).item()
+    # .item(), and bool()/int()/float() of a tensor (data-dependent Python control flow)
+    return to_cpu(self, "item").item()
 
 
 # ---------------------------------------------------------------- the boxed fallback

@@ -9,6 +9,7 @@ import collections
 counters: collections.Counter = collections.Counter()
 fallback_ops: collections.Counter = collections.Counter()
 compile_seconds = [0.0]
+recompile_reasons: list = []   # why each fused graph compiled again (DeferAndFuse)
 
 
 def count(name: str, n: int = 1) -> None:
@@ -19,6 +20,7 @@ def reset() -> None:
     counters.clear()
     fallback_ops.clear()
     compile_seconds[0] = 0.0
+    recompile_reasons.clear()
 
 
 def as_dict() -> dict:
@@ -30,6 +32,7 @@ def as_dict() -> dict:
         "counters": c,
         "compile_seconds": compile_seconds[0],
         "cpu_fallbacks": dict(fallback_ops),
+        "recompile_reasons": list(recompile_reasons),
     }
 
 
@@ -43,4 +46,14 @@ def report() -> str:
         lines.append("  CPU fallbacks by op:")
         for op, n in sorted(d["cpu_fallbacks"].items()):
             lines.append(f"    {op:40s} {n}")
+    if d["recompile_reasons"]:
+        lines.append("  fused-graph recompiles:")
+        lines.extend(f"    {r}" for r in d["recompile_reasons"][-20:])
     return "\n".join(lines)
+
+
+def print_at_exit() -> None:
+    """TORCH_TPU_METRICS=1: print the report when the process ends."""
+    import atexit
+
+    atexit.register(lambda: print(report()))

@@ -25,6 +25,7 @@ import torch
 
 from .. import _runtime, _storage, metrics
 from .._device import default_generator
+from ..eager.modes import flush_pending
 from .lower import GraphLowering
 
 _ATTR = _storage.ATTR
@@ -124,6 +125,7 @@ class Program:
 
     # ------------------------------------------------------------ per call
     def __call__(self, args):
+        flush_pending("compiled_graph")  # deferred eager work writes the buffers read here
         kinds = self.kinds
         parts = []
         bufs = []
@@ -178,7 +180,7 @@ class Program:
                     t = torch.empty(spec.shape, dtype=spec.dtype, device=_TPU)
                 else:
                     t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=_TPU)
-                setattr(t.untyped_storage(), _ATTR, (flat, spec.n, spec.jdt))
+                _storage.set_buffer(t.untyped_storage(), flat, spec.n, spec.jdt)
                 outs.append(t)
             elif kind == OUT_INPUT:
                 outs.append(args[spec.value])

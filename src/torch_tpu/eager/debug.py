@@ -24,6 +24,7 @@ import linecache
 import os
 import sys
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -297,7 +298,8 @@ def _snapshot(vals):
 
 
 def _finite_number(x) -> bool:
-    return all(v == v and abs(v) != float("inf") for v in ((x.real, x.imag) if isinstance(x, complex) else (x,)))
+    parts = (x.real, x.imag) if isinstance(x, complex) else (x,)
+    return all(v == v and abs(v) != float("inf") for v in parts)
 
 
 def _inputs_finite(snapshot) -> bool:
@@ -410,16 +412,23 @@ def _mismatch(got: torch.Tensor, want: torch.Tensor):
             f"{want[pos].item()}")
 
 
+_WARNED: set = set()
+
+
 def check_cpu(plan, vals, result, cargs) -> None:
     metrics.count("debug.cpu_checks")
     kw = {plan.names[i]: cargs[i] for i in range(plan.npos, len(cargs))}
     try:
         expected = plan.op(*cargs[:plan.npos], **kw)
-    except Exception as e:  # noqa: BLE001 - the CPU kernel rejected what tpu accepted
-        metrics.count("debug.cpu_check_errors")
-        raise TpuCpuMismatchError(
-            f"torch_tpu debug: {op_name(plan)} ran on tpu but fails on CPU: "
-            f"{type(e).__name__}: {e}\n  at {user_location()}") from e
+    except Exception as e:  # noqa: BLE001
+        # CPU lacks a kernel (a dtype, an option): no evidence against the lowering
+        metrics.count("debug.cpu_check_skipped")
+        name = op_name(plan)
+        if name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn(f"torch_tpu debug: the CPU check skips {name}, which fails on CPU: "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return
     pairs = list(zip(_tensors(result, []), _tensors(expected, [])))
     for i in plan.mutable:
         pairs.extend(zip(_tensors(vals[i], []), _tensors(cargs[i], [])))

@@ -24,7 +24,7 @@ from .graph import Lazy as _Lazy
 _ATTR = _storage.ATTR
 _CACHE: dict = {}
 _LAST_BY_OPS: dict = {}   # op sequence -> last key compiled for it (recompile reasons)
-recompile_reasons: list = []
+recompile_reasons = metrics.recompile_reasons
 _DONATE = os.environ.get("TORCH_TPU_DONATE", "1") not in ("", "0")
 
 

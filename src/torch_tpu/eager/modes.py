@@ -84,11 +84,12 @@ def _coerce(mode) -> EagerMode:
     raise TypeError(f"expected a torch_tpu.EagerMode, got {mode!r}")
 
 
-def flush_pending() -> None:
-    """Run whatever the current mode has deferred (nothing in Strict and Debug)."""
+def flush_pending(reason: str = "sync") -> None:
+    """Run whatever the current mode has deferred (nothing in Strict and Debug); `reason`
+    is the trigger counted in metrics (item, to_cpu, print, synchronize, ...)."""
     ex = executor()
     if ex.deferred:
-        ex.flush("sync")
+        ex.flush(reason)
 
 
 def _switch_flush() -> None:

@@ -1,0 +1,253 @@
+"""JAX's multi-controller runtime under torch's rendezvous: one JAX process per torch rank.
+
+`jax.distributed.initialize` must run before JAX creates its backend (the backend's
+collectives are wired to the distributed client at creation), so this runs:
+  - in the `tpu_dist` creator, i.e. inside `init_process_group`, when nothing has touched
+    the tpu device yet (the usual order: init first, then `model.to("tpu")`);
+  - or earlier, from `before_backend()`, which `_runtime` calls right before it starts the
+    backend: under torchrun the rendezvous store (the agent's) is reachable before
+    `init_process_group`, so a script that touches tpu first still works there.
+
+The coordinator address comes from the torch rendezvous: rank 0 picks a free port on its
+own address and publishes `host:port` through the torch store; the others read it. The
+JAX process id is the torch global rank.
+
+Failure policy (a hung job is the worst outcome):
+  - a process that dies with an uncaught exception exits at once, skipping JAX's shutdown
+    barrier, so its peers see closed connections within a second and fail fast instead of
+    waiting in a collective until their timeout;
+  - `fail()` (the watchdog's verdict on a failed or timed-out collective) prints one clear
+    message and exits the process, as NCCL's async error handling does.
+"""
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import os
+import socket
+import sys
+import threading
+import time
+
+_state = {"rank": None, "world": None, "coordinator": None, "timeout_s": None,
+          "crashed": False, "hooks": False}
+_lock = threading.RLock()
+_KEY = "tpu_dist/jax_coordinator"
+
+
+class DistInitError(RuntimeError):
+    pass
+
+
+def is_initialized() -> bool:
+    return _state["world"] is not None
+
+
+def rank() -> int:
+    return _state["rank"]
+
+
+def world_size() -> int:
+    return _state["world"]
+
+
+def timeout_s() -> float:
+    return _state["timeout_s"] or 1800.0
+
+
+def backend_started() -> bool:
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip() else default
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return host in ("localhost",)
+
+
+def _own_address(peer_host: str | None) -> str:
+    """The address other ranks can reach this host at: TORCH_TPU_DIST_HOSTNAME if set,
+    loopback when the rendezvous itself is on loopback (one machine), else the address of
+    the interface that routes to the rendezvous host."""
+    forced = os.environ.get("TORCH_TPU_DIST_HOSTNAME")
+    if forced:
+        return forced
+    if peer_host is None or _is_loopback(peer_host):
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(peer_host), 9))
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _publish_or_read(store, rank_: int, timeout: float) -> str:
+    """Rank 0 publishes the coordinator address in the torch store; the others wait for it
+    (the store's own timeout, which init_process_group sets, bounds the wait)."""
+    explicit = os.environ.get("TORCH_TPU_COORDINATOR")
+    if explicit:
+        return explicit
+    if rank_ == 0:
+        host = _own_address(os.environ.get("MASTER_ADDR"))
+        addr = f"{host}:{_free_port(host)}"
+        store.set(_KEY, addr)
+        return addr
+    try:
+        return store.get(_KEY).decode()
+    except Exception as e:  # noqa: BLE001  (DistStoreError, timeouts)
+        raise DistInitError(
+            f"tpu_dist: rank {rank_} did not receive the JAX coordinator address from rank 0 "
+            f"within the rendezvous timeout ({timeout:.0f} s): rank 0 has not started or "
+            f"died ({e})") from e
+
+
+def _use_gloo_on(host: str) -> None:
+    """Make XLA:CPU's cross-process collectives (gloo) listen on `host`, so a one-machine
+    job talks over loopback only. Installed as JAX's "cpu" backend factory, which runs when
+    the backend starts, after the distributed client exists."""
+    import jax
+    from jax._src import distributed as jdist
+    from jax._src import xla_bridge as xb
+    from jax._src.lib import _jax
+
+    if jax.config.jax_cpu_collectives_implementation not in (None, "gloo"):
+        return
+
+    def make_cpu_client():
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=jdist.global_state.client, hostname=host)
+        return xb.make_cpu_client(collectives=collectives)
+
+    xb.register_backend_factory("cpu", make_cpu_client, priority=0, fail_quietly=False)
+
+
+def initialize(store, rank_: int, world: int, timeout: float) -> None:
+    """Join (or check) JAX's distributed runtime as process `rank_` of `world`."""
+    with _lock:
+        if is_initialized():
+            if (_state["rank"], _state["world"]) != (rank_, world):
+                raise DistInitError(
+                    f"tpu_dist: this process already joined JAX's distributed runtime as rank "
+                    f"{_state['rank']} of {_state['world']}, and is now asked to be rank "
+                    f"{rank_} of {world}. JAX's runtime lives as long as the process: "
+                    "re-initialize with the same rank and world size, or start new processes.")
+            return
+        if world == 1:
+            _state.update(rank=0, world=1, timeout_s=timeout)
+            return
+        if backend_started():
+            raise DistInitError(
+                "tpu_dist: the tpu device (JAX's backend) was already in use in this process "
+                "before init_process_group. JAX's distributed runtime must start before its "
+                "backend: call dist.init_process_group('tpu_dist') before creating tpu tensors "
+                "or moving a model to tpu (under torchrun this order is handled for you).")
+        addr = _publish_or_read(store, rank_, timeout)
+        _start(addr, rank_, world, timeout)
+
+
+def _start(addr: str, rank_: int, world: int, timeout: float) -> None:
+    import jax
+
+    host, port = addr.rsplit(":", 1)
+    loopback = _is_loopback(host)
+    if jax.config.jax_platforms in (None, "", "cpu") or loopback:
+        _use_gloo_on(os.environ.get("TORCH_TPU_DIST_HOSTNAME") or
+                     ("127.0.0.1" if loopback else _own_address(host)))
+    # Heartbeats detect a dead process that is not in a collective; a process in a
+    # collective sees the closed connection at once.
+    heartbeat = _env_int("TORCH_TPU_DIST_HEARTBEAT_S", int(min(max(timeout, 10), 60)))
+    # The JAX preemption service only polls the coordinator; it has no use here and its
+    # warnings would bury the real error when a peer dies.
+    jax.config.update("jax_enable_preemption_service", False)
+    jax.distributed.initialize(
+        coordinator_address=addr, num_processes=world, process_id=rank_,
+        local_device_ids=None, cluster_detection_method="deactivate",
+        initialization_timeout=max(int(timeout), 1),
+        heartbeat_timeout_seconds=heartbeat,
+        shutdown_timeout_seconds=max(int(timeout), 1),
+        coordinator_bind_address=f"{host}:{port}" if loopback else None)
+    _state.update(rank=rank_, world=world, coordinator=addr, timeout_s=timeout)
+    _install_exit_hooks()
+
+
+# ---------------------------------------------------------------- early start (torchrun)
+def before_backend() -> None:
+    """Called by `_runtime` right before JAX's backend starts. Under torchrun (its agent
+    hosts the rendezvous store) join the runtime now, so a script that touches the tpu
+    device before init_process_group still gets a distributed backend. Elsewhere (mp.spawn,
+    a single process) do nothing: init_process_group does it."""
+    if is_initialized() or os.environ.get("TORCH_TPU_DIST_EARLY_INIT", "1") in ("0", ""):
+        return
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    world = _env_int("WORLD_SIZE", 1)
+    if world <= 1 or not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+        return
+    import datetime
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    timeout = float(_env_int("TORCH_TPU_DIST_INIT_TIMEOUT_S", 600))
+    store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, False,
+                     datetime.timedelta(seconds=timeout))
+    run = f"{env.get('TORCHELASTIC_RUN_ID', 'run')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    initialize(PrefixStore(f"tpu_dist_early/{run}/", store), _env_int("RANK", 0), world, timeout)
+
+
+# ---------------------------------------------------------------- failing fast
+def _install_exit_hooks() -> None:
+    if _state["hooks"]:
+        return
+    _state["hooks"] = True
+    previous = sys.excepthook
+
+    def excepthook(tp, value, tb):
+        _state["crashed"] = True
+        previous(tp, value, tb)
+
+    sys.excepthook = excepthook
+    # Registered after JAX's own atexit handler, so it runs first.
+    atexit.register(_exit_now_if_crashed)
+
+
+def _exit_now_if_crashed() -> None:
+    if _state["crashed"]:
+        _hard_exit(1)
+
+
+def _hard_exit(code: int) -> None:
+    """Leave without JAX's shutdown barrier: it would wait for peers that are themselves
+    waiting for this process."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(code)
+
+
+def fail(message: str) -> None:
+    """Report a fatal distributed error from any thread and end this process."""
+    stamp = time.strftime("%H:%M:%S")
+    text = f"[tpu_dist rank {_state['rank']} {stamp}] {message}"
+    try:
+        sys.stderr.write("\n" + text + "\n")
+    except Exception:  # noqa: BLE001
+        pass
+    _hard_exit(1)

@@ -1,0 +1,382 @@
+"""The XLA programs behind tpu_dist: one jitted `shard_map` per (group, collective, sizes,
+dtypes, reduce op, root), cached.
+
+Every program
+  - runs over the group's 1-D mesh (axis "g"): one device per process, in group-rank
+    order; every input is a flat 1-D block per process (a storage buffer as it is, no
+    reshape), and so is every output;
+  - takes and returns a token. A group's programs run in the order they were issued:
+    XLA:CPU runs independent executions concurrently, and two collectives issued in
+    different orders on two processes would deadlock or mix their data;
+  - first all-gathers a small signature of the call (collective, reduce op, root, element
+    counts, dtypes) and runs the collective only when every member agrees. Otherwise a host
+    callback raises `CollectiveMismatch` naming each rank's call: a shape mismatch is a clear
+    error, never a gloo abort or a silent hang. Cost: one 64-byte all-gather in the same
+    program.
+
+In-place collectives donate their input buffers when nothing else holds them, so XLA
+reduces into the same memory (no fresh multi-megabyte output per call).
+"""
+from __future__ import annotations
+
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from .. import _runtime
+
+AXIS = "g"
+
+# Reduce ops, numbered as torch's ReduceOp.RedOpType.
+SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM = range(9)
+OP_NAMES = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
+
+KINDS = ["barrier", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+         "all_to_all", "scatter", "gather", "send/recv", "all_to_all(uneven)", "max"]
+_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+_DTYPES = sorted({str(d) for d in _runtime.TORCH_TO_JAX.values()})
+_DTYPE_CODE = {d: i + 1 for i, d in enumerate(_DTYPES)}
+_HEADER = 8
+
+
+class CollectiveMismatch(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- the group's mesh
+def process_device(process: int):
+    """The device a process drives: its first local device (as `_runtime.device()`)."""
+    return _process_devices()[process]
+
+
+@functools.lru_cache(maxsize=None)
+def _process_devices() -> dict:
+    out = {}
+    for d in sorted(jax.devices(_runtime.device().platform), key=lambda d: d.id):
+        out.setdefault(d.process_index, d)
+    return out
+
+
+class GroupMesh:
+    """A 1-D mesh over some processes' devices, with its token chain."""
+
+    def __init__(self, ranks, name: str):
+        self.ranks = tuple(ranks)
+        self.name = name
+        self.size = len(self.ranks)
+        devices = [process_device(r) for r in self.ranks]
+        self.mesh = Mesh(np.array(devices, dtype=object), (AXIS,))
+        self.sharding = NamedSharding(self.mesh, P(AXIS))
+        self.key = (self.ranks, _runtime.device().platform)
+        self.token = None  # the last program's output token (a global array)
+        self.programs: dict = {}
+
+    def glob(self, local):
+        """A process-local flat block -> the group-wide array it is this process's shard of."""
+        return _global(self.sharding, self.size, local)
+
+    def next_token(self):
+        if self.token is None:
+            tok = jax.device_put(np.zeros((1,), np.int32), _runtime.device())
+            self.token = self.glob(tok)
+        return self.token
+
+
+def _global(sharding, size, local):
+    aval = jax.core.ShapedArray((local.shape[0] * size,), local.dtype)
+    try:
+        return _ArrayImpl(aval, sharding, [local], committed=True, _skip_checks=True)
+    except TypeError:  # a jax without the private fast path
+        return jax.make_array_from_single_device_arrays(aval.shape, sharding, [local])
+
+
+from jax._src.array import ArrayImpl as _ArrayImpl  # noqa: E402  (fast path, see _global)
+
+
+def local(arr):
+    """This process's block of a group-wide array."""
+    return arr.addressable_data(0)
+
+
+# ---------------------------------------------------------------- the signature check
+def _signature(kind: str, op: int, root: int, ins, outs) -> np.ndarray:
+    total_in = sum(n for n, _ in ins)
+    total_out = sum(n for n, _ in outs)
+    first = (ins or outs or [(0, None)])[0][1]
+    crc = zlib.crc32(repr((kind, op, root, ins, outs)).encode())
+    return np.array([_KIND_CODE[kind], op, root, len(ins), total_in, total_out,
+                     _DTYPE_CODE.get(str(first), 0), crc], dtype=np.int64)
+
+
+def describe(row) -> str:
+    kind, op, root, count, n_in, n_out, dtype, _ = (int(v) for v in row)
+    name = KINDS[kind] if 0 <= kind < len(KINDS) else f"kind {kind}"
+    dname = _DTYPES[dtype - 1] if 0 < dtype <= len(_DTYPES) else "?"
+    parts = [name]
+    if name in ("all_reduce", "reduce", "reduce_scatter"):
+        parts.append(f"op={OP_NAMES[op] if 0 <= op < len(OP_NAMES) else op}")
+    if name in ("broadcast", "reduce", "scatter", "gather"):
+        parts.append(f"root={root}")
+    return (" ".join(parts) + f" on {count} tensor(s) of {dname}, {n_in} element(s) in, "
+            f"{n_out} out")
+
+
+def _mismatch_callback(group_name, ranks):
+    def raise_mismatch(rows):
+        lines = [f"  rank {r}: {describe(row)}" for r, row in zip(ranks, np.asarray(rows))]
+        raise CollectiveMismatch(
+            f"tpu_dist: mismatched collective on group {group_name!r}: the ranks called "
+            "different collectives, or passed tensors of different shapes or dtypes:\n"
+            + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives, "
+            "in the same order, with tensors of the same size and dtype.")
+
+    return raise_mismatch
+
+
+# ---------------------------------------------------------------- reductions
+def _as_sum_dtype(x):
+    return x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
+
+
+def _gathered_reduce(x, op):
+    g = lax.all_gather(x, AXIS)
+    if x.dtype == jnp.bool_:
+        fn = {PRODUCT: jnp.all, MIN: jnp.all, BAND: jnp.all, SUM: jnp.any, MAX: jnp.any,
+              BOR: jnp.any}.get(op)
+        if fn is not None:
+            return fn(g, axis=0)
+        return (jnp.sum(g.astype(jnp.int32), axis=0) % 2).astype(jnp.bool_)
+    if op == PRODUCT:
+        return jnp.prod(g, axis=0, dtype=x.dtype)
+    bitwise = {BAND: lax.bitwise_and, BOR: lax.bitwise_or, BXOR: lax.bitwise_xor}[op]
+    return functools.reduce(bitwise, [g[i] for i in range(g.shape[0])])
+
+
+def reduce_block(x, op: int, size: int):
+    """The reduction of every member's block `x` with torch's ReduceOp `op`."""
+    if x.dtype == jnp.bool_ or op in (PRODUCT, BAND, BOR, BXOR):
+        return _gathered_reduce(x, op)
+    if op == SUM:
+        return lax.psum(x, AXIS)
+    if op == AVG:
+        s = lax.psum(x, AXIS)
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            return lax.div(s, jnp.asarray(size, x.dtype))  # truncates, as C integer division
+        return (s / size).astype(x.dtype)
+    if op == MIN:
+        return lax.pmin(x, AXIS)
+    if op == MAX:
+        return lax.pmax(x, AXIS)
+    raise ValueError(f"tpu_dist does not support reduce op {OP_NAMES[op]}")
+
+
+def _masked(x, keep):
+    return jnp.where(keep, x, jnp.zeros((), x.dtype))
+
+
+def _psum_exact(x):
+    """Sum where all but one member contribute zeros: exact in every dtype."""
+    if x.dtype == jnp.bool_:
+        return lax.psum(x.astype(jnp.int32), AXIS) != 0
+    return lax.psum(x, AXIS)
+
+
+def _psum_scatter_exact(x):
+    if x.dtype == jnp.bool_:
+        return lax.psum_scatter(x.astype(jnp.int32), AXIS, tiled=True) != 0
+    return lax.psum_scatter(x, AXIS, tiled=True)
+
+
+# ---------------------------------------------------------------- the bodies
+# Each body maps this process's input blocks to its output blocks, inside shard_map.
+def _body(kind: str, op: int, root: int, size: int, ins, outs, extra):
+    idx = lambda: lax.axis_index(AXIS)  # noqa: E731
+
+    if kind == "barrier":
+        return lambda *xs: ()
+    if kind == "all_reduce":
+        return lambda *xs: tuple(reduce_block(x, op, size) for x in xs)
+    if kind == "max":  # a scalar pmax, used to agree on paddings
+        return lambda *xs: tuple(lax.pmax(x, AXIS) for x in xs)
+    if kind == "broadcast":
+        return lambda *xs: tuple(_psum_exact(_masked(x, idx() == root)) for x in xs)
+    if kind == "reduce":
+        return lambda *xs: tuple(jnp.where(idx() == root, reduce_block(x, op, size), x)
+                                 for x in xs)
+    if kind in ("all_gather", "gather"):
+        split = extra == "split"
+
+        def all_gather(*xs):
+            res = []
+            for x in xs:
+                g = lax.all_gather(x, AXIS, tiled=True)
+                n = x.shape[0]
+                res.extend([g[i * n:(i + 1) * n] for i in range(size)] if split else [g])
+            return tuple(res)
+
+        return all_gather
+    if kind == "reduce_scatter":
+        # inputs: one (size*n) block per output, or `size` blocks of n per output
+        per = len(ins) // len(outs)
+
+        def reduce_scatter(*xs):
+            res = []
+            for j in range(len(outs)):
+                parts = xs[j * per:(j + 1) * per]
+                x = parts[0] if per == 1 else jnp.concatenate(parts)
+                if op == SUM and x.dtype != jnp.bool_:
+                    res.append(lax.psum_scatter(x, AXIS, tiled=True))
+                else:
+                    n = x.shape[0] // size
+                    r = reduce_block(x, op, size)
+                    res.append(lax.dynamic_slice(r, (idx() * n,), (n,)))
+            return tuple(res)
+
+        return reduce_scatter
+    if kind == "scatter":
+        def scatter(*xs):
+            x = xs[0] if len(xs) == 1 else jnp.concatenate(xs)
+            return (_psum_scatter_exact(_masked(x, idx() == root)),)
+
+        return scatter
+    if kind == "all_to_all":
+        return lambda *xs: tuple(lax.all_to_all(x, AXIS, 0, 0, tiled=True) for x in xs)
+    if kind == "all_to_all(uneven)":
+        return _uneven_all_to_all(size, extra)
+    if kind == "send/recv":
+        src = root
+        return lambda *xs: tuple(lax.ppermute(x, AXIS, [(src, 1 - src)]) for x in xs)
+    raise ValueError(kind)
+
+
+def _uneven_all_to_all(size, extra):
+    """Uneven splits: pad every chunk to the group-wide largest one (`pad` rows), exchange
+    evenly, then compact. The row maps come from the host as inputs, so one program serves
+    every split pattern with the same totals."""
+    pad, inner, n_out = extra
+
+    def a2a(x, send_index, recv_index):
+        rows = x.reshape(-1, inner) if inner else x.reshape(-1, 1)
+        rows = jnp.concatenate([rows, jnp.zeros((1, rows.shape[1]), rows.dtype)])
+        padded = jnp.take(rows, send_index, axis=0)  # (size*pad, inner); index -1 = zeros
+        got = lax.all_to_all(padded, AXIS, 0, 0, tiled=True)
+        out = jnp.take(got, recv_index, axis=0)
+        return (out.reshape(-1),)
+
+    return a2a
+
+
+# ---------------------------------------------------------------- compile and run
+class Program:
+    __slots__ = ("fn", "n_out", "donate")
+
+    def __init__(self, fn, n_out, donate):
+        self.fn, self.n_out, self.donate = fn, n_out, donate
+
+
+def program(gm: GroupMesh, kind: str, ins, outs, op: int = SUM, root: int = 0,
+            extra=None, donate: tuple = (), sig=None, alias: int = 0) -> Program:
+    """The cached program for this call.
+
+    `ins`/`outs`: tuples of (elements, dtype name) per flat block; `donate`: the input
+    positions whose buffers XLA may reuse for outputs of the same size; `alias`: how many
+    trailing inputs are only there to lend their memory to an output (donated, unread);
+    `sig`: what the members must agree on, when it is not (ins, outs)."""
+    key = (kind, ins, outs, op, root, extra, donate, sig, alias)
+    prog = gm.programs.get(key)
+    if prog is None:
+        prog = gm.programs[key] = _compile(gm, kind, ins, outs, op, root, extra, donate,
+                                           sig, alias)
+    return prog
+
+
+def _compile(gm, kind, ins, outs, op, root, extra, donate, sig, alias) -> Program:
+    size = gm.size
+    body = _body(kind, op, root, size, ins, outs, extra)
+    header = _signature(kind, op, root, *(sig if sig is not None else (ins, outs)))
+    on_mismatch = _mismatch_callback(gm.name, gm.ranks)
+    out_blocks = [(n, jnp.dtype(d)) for n, d in outs]
+
+    def checked(tok, *xs):
+        rows = lax.all_gather(jnp.asarray(header), AXIS)
+        ok = jnp.all(rows == rows[0:1])
+
+        def run(xs):
+            return tuple(body(*(xs[:len(xs) - alias])))
+
+        def refuse(xs):
+            jax.debug.callback(on_mismatch, rows)
+            return tuple(jnp.zeros((n,), d) for n, d in out_blocks)
+
+        ys = lax.cond(ok, run, refuse, xs)
+        return (tok + 1, *ys)
+
+    n_args = 1 + len(ins)
+    fn = jax.shard_map(checked, mesh=gm.mesh, in_specs=(P(AXIS),) * n_args,
+                       out_specs=(P(AXIS),) * (1 + len(outs)), check_vma=False)
+    jitted = jax.jit(fn, donate_argnums=tuple(1 + i for i in donate), keep_unused=True)
+    return Program(jitted, len(outs), donate)
+
+
+def run(gm: GroupMesh, prog: Program, blocks) -> list:
+    """Issue `prog` on this process's `blocks`; returns this process's output blocks
+    (futures: nothing here waits for the result)."""
+    args = [gm.glob(b) for b in blocks]
+    try:
+        res = prog.fn(gm.next_token(), *args)
+    except Exception as e:  # noqa: BLE001
+        raise translate(e) from None
+    gm.token = res[0]
+    return [local(a) for a in res[1:]]
+
+
+def translate(e: Exception) -> Exception:
+    """A JAX runtime error from a collective -> torch's DistBackendError, with the cause
+    in words."""
+    import torch.distributed as dist
+
+    text = str(e)
+    if "CollectiveMismatch" in text or "tpu_dist: mismatched collective" in text:
+        start = text.find("tpu_dist: mismatched collective")
+        end = text.find("in the same order, with tensors of the same size and dtype.")
+        msg = text[start:end + 60] if start >= 0 and end >= 0 else text
+        return dist.DistBackendError(msg.strip())
+    return dist.DistBackendError(explain(text))
+
+
+def explain(text: str) -> str:
+    lowered = text.lower()
+    if any(s in lowered for s in ("connection reset", "connection closed", "broken pipe",
+                                  "socket closed", "connection refused", "eof")):
+        return ("tpu_dist: a peer process closed its connection during a collective: "
+                f"it probably died or exited early. ({text.strip()[:400]})")
+    if "timed out" in lowered or "deadline" in lowered or "timeout" in lowered:
+        return f"tpu_dist: a collective timed out. ({text.strip()[:400]})"
+    return f"tpu_dist: collective failed: {text.strip()[:600]}"
+
+
+def wait(gm: GroupMesh, timeout_s: float, what: str) -> None:
+    """Block until the group's last program finished; a clear error after `timeout_s`."""
+    import time
+
+    import torch.distributed as dist
+
+    tok = local(gm.token)
+    deadline = time.monotonic() + timeout_s
+    delay = 1e-5
+    while not tok.is_ready():
+        if time.monotonic() > deadline:
+            raise dist.DistBackendError(
+                f"tpu_dist: {what} did not complete within {timeout_s:.0f} s: a rank is "
+                "hung, stopped, or never reached it")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
+    try:
+        tok.block_until_ready()
+    except Exception as e:  # noqa: BLE001
+        raise translate(e) from None
