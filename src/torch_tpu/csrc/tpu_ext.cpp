@@ -42,6 +42,10 @@ std::atomic<int64_t> g_allocated{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<uint64_t> g_next_addr{uint64_t(1) << 44};  // far from any host mapping
 std::mutex g_live_mu;
+// Strict and Debug give every new storage its buffer at once, so allocations count as
+// device memory from the start; DeferAndFuse turns this off and marks storages as their
+// buffers appear at a flush.
+std::atomic<bool> g_lazy_alloc{false};
 
 struct AllocInfo {
   size_t nbytes;
@@ -65,10 +69,12 @@ struct TpuAllocator final : c10::Allocator {
     size_t span = ((nbytes + 63) / 64) * 64 + 64;
     void* addr = reinterpret_cast<void*>(g_next_addr.fetch_add(span));
     auto* info = new AllocInfo{nbytes};
+    info->realized = !g_lazy_alloc.load(std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(g_live_mu);
       g_live[addr] = info;
     }
+    if (info->realized) count_up(static_cast<int64_t>(nbytes));
     return {addr, addr, &tpu_delete, c10::Device(kTPU, 0)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -418,6 +424,7 @@ PYBIND11_MODULE(_C, m) {
     *torch_tpu::g_sync_fn = std::move(fn);
   });
   m.def("mark_realized", &torch_tpu::mark_realized);
+  m.def("set_lazy_allocations", [](bool lazy) { torch_tpu::g_lazy_alloc = lazy; });
   m.def("is_pinned_ptr", [](uint64_t p) {
     std::lock_guard<std::mutex> lock(torch_tpu::g_pinned_mu);
     return torch_tpu::g_pinned.count(reinterpret_cast<void*>(p)) > 0;

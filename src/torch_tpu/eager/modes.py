@@ -98,6 +98,14 @@ def _switch_flush() -> None:
             ex.flush("mode_change")
 
 
+def _account_allocations() -> None:
+    """Storages made while any DeferAndFuse executor is active start without a buffer."""
+    from .. import _C
+
+    lazy = _global["executor"].deferred or any(ex.deferred for _, ex in _open_contexts)
+    _C.set_lazy_allocations(lazy)
+
+
 def get_eager_mode() -> EagerMode:
     if _tls.stack:
         return _tls.stack[-1]
@@ -112,6 +120,7 @@ def set_eager_mode(mode) -> None:
     _switch_flush()
     _global["mode"] = mode
     _global["executor"] = _executor_for(mode)
+    _account_allocations()
 
 
 @contextlib.contextmanager
@@ -123,11 +132,13 @@ def eager_mode(mode):
     _tls.executor = _executor_for(mode)
     token = (mode, _tls.executor)
     _open_contexts.append(token)
+    _account_allocations()
     try:
         yield
     finally:
         _switch_flush()
         _open_contexts.remove(token)
+        _account_allocations()
         _tls.stack.pop()
         _tls.executor = _executor_for(_tls.stack[-1]) if _tls.stack else None
 

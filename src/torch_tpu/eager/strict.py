@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _C, _storage, metrics
+from .. import _storage, metrics
 from .opcall import run_eager
 
 _COUNTERS = metrics.counters
@@ -17,17 +17,15 @@ _TPU = torch.device("tpu", 0)
 _ATTR = _storage.ATTR
 
 
-_mark = _C.mark_realized
-
-
 def new_tensor(shape, dtype, flat, rec=None):
+    """A tpu tensor owning `flat`. Outside DeferAndFuse the allocator already counts the
+    new storage as device memory."""
     t = torch.empty(shape, dtype=dtype, device=_TPU)
     st = t.untyped_storage()
     if rec is None:
         _storage.set_buffer(st, flat)
     else:
         setattr(st, _ATTR, (flat, rec[0], rec[1]))
-        _mark(st.data_ptr())
     return t
 
 
