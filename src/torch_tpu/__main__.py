@@ -22,9 +22,8 @@ def info_lines() -> list[tuple[str, str]]:
     from torch_tpu import lowering
 
     d = _runtime.device()
-    get_mode = getattr(torch_tpu, "get_eager_mode", None)
-    mode = get_mode() if get_mode is not None else "strict"
-    fallback = getattr(getattr(torch_tpu, "_dispatch", None), "_cpu_fallback", [False])[0]
+    mode = torch_tpu.get_eager_mode().value
+    fallback = torch_tpu._dispatch._cpu_fallback[0]
     return [
         ("torch_tpu", getattr(torch_tpu, "__version__", _dist_version("torch_tpu"))),
         ("torch", torch.__version__),
@@ -34,7 +33,7 @@ def info_lines() -> list[tuple[str, str]]:
         ("device kind", d.device_kind),
         ("devices", ", ".join(str(x) for x in jax.local_devices(backend=d.platform))),
         ("torch device", f"{torch.device('tpu', 0)} (device_count={torch.tpu.device_count()})"),
-        ("eager mode", str(mode)),
+        ("eager mode", mode),
         ("CPU fallback", "on" if fallback else "off"),
         ("lowerings", str(len(lowering.LOWERINGS))),
     ]
