@@ -63,7 +63,8 @@ def test_propagated_nan_is_not_blamed(debug):
     assert torch.isnan(y.cpu())
     # non-finite scalars are the user's, too
     m = torch.full((2, 2), float("-inf"), device="tpu")
-    s = torch.zeros(2, 2, device="tpu").masked_fill(_tpu(True, False, dtype=torch.bool), float("-inf"))
+    mask = _tpu(True, False, dtype=torch.bool)
+    s = torch.zeros(2, 2, device="tpu").masked_fill(mask, float("-inf"))
     assert torch.isinf(m.cpu()).all() and torch.isinf(s.cpu()).sum() == 2
     torch.softmax(torch.triu(m, 1), -1)  # -inf masking: fine
 

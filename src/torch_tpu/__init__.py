@@ -22,6 +22,8 @@ from . import metrics  # noqa: E402
 _dispatch.register()
 
 from .eager.modes import EagerMode, eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
+from .eager.debug import (  # noqa: E402
+    TpuCpuMismatchError, TpuDebugError, TpuIndexError, TpuNonFiniteError)
 from .eager import modes as _modes  # noqa: E402
 
 _modes.init_from_env()
@@ -36,5 +38,6 @@ def sync() -> None:
     torch_tpu_module.synchronize()
 
 
-__all__ = ["EagerMode", "eager_mode", "get_eager_mode", "metrics", "set_cpu_fallback",
+__all__ = ["EagerMode", "TpuCpuMismatchError", "TpuDebugError", "TpuIndexError",
+           "TpuNonFiniteError", "eager_mode", "get_eager_mode", "metrics", "set_cpu_fallback",
            "set_eager_mode", "sync"]

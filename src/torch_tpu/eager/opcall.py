@@ -77,8 +77,7 @@ class OpPlan:
     def __init__(self, op, lowering):
         schema = op._schema
         self.op = op
-        self.name = f"aten::{schema.name.split('::')[-1]}" + (
-            f".{schema.overload_name}" if schema.overload_name else "")
+        self.name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
         self.lowering = lowering
         args = schema.arguments
         kinds = [_kind(a) for a in args]
