@@ -40,6 +40,24 @@ def _kind(arg):
     return _KINDS.get(name, _KINDS.get(str(t), STATIC))
 
 
+_SCALARS: dict = {}
+
+
+def device_scalar(v):
+    """A Python number as a weakly typed device scalar, cached by (type, value).
+
+    jit converts a Python scalar argument into a new device buffer on every call (~7 us);
+    a cached weak-typed array promotes exactly like the Python number and costs nothing.
+    Learning rates change every step, so the cache is bounded."""
+    k = (type(v), v)
+    a = _SCALARS.get(k)
+    if a is None:
+        if len(_SCALARS) > 4096:
+            _SCALARS.clear()
+        a = _SCALARS[k] = jax.device_put(v, _runtime.device())
+    return a
+
+
 def _hashable(v):
     if isinstance(v, list):
         return tuple(_hashable(x) for x in v)
@@ -135,12 +153,12 @@ class OpPlan:
                     if isinstance(v, torch.Tensor):
                         v = v.item()
                     parts.append(type(v))
-                    dyns.append(v)
+                    dyns.append(device_scalar(v))
             elif k <= OPT_TENSOR_LIST:
                 parts.append(tuple([self._tensor_part(t, bufs, dyns) for t in v]))
             elif k == SCALAR_LIST:
                 parts.append(tuple([type(x) for x in v]))
-                dyns.extend(v)
+                dyns.extend([device_scalar(x) for x in v])
             else:
                 gen = v
                 parts.append(None)
@@ -163,7 +181,7 @@ class OpPlan:
         if t is None:
             return None
         if not isinstance(t, torch.Tensor):  # a Python number torch passed for a Tensor
-            dyns.append(t)
+            dyns.append(device_scalar(t))
             return ("#", type(t))
         rec = getattr(t.untyped_storage(), _storage.ATTR, None)
         if rec is None:
