@@ -32,6 +32,18 @@ MAX_NODES = 4096       # graph-size cap: flush before a graph gets slow to compi
 MIN_PERIOD = 10        # shortest op block that counts as a loop iteration
 
 
+def _user_line(frame):
+    """(file, line) of the first caller outside torch and torch_tpu. Only the location is
+    kept: holding the frame would keep the caller's locals (activations) alive until the
+    flush, and they would become graph outputs."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "/torch/" not in name and "torch_tpu" not in name:
+            return (name, frame.f_lineno)
+        frame = frame.f_back
+    return ("<autograd>", 0)
+
+
 class DeferExecutor:
     name = "defer_and_fuse"
     deferred = True
@@ -57,7 +69,7 @@ class DeferExecutor:
         _COUNTERS["dispatches.defer_and_fuse"] += 1
         if entry.fn is None:
             return self._run_now(plan, vals)
-        node = Node(entry, bufs, dyns, sys._getframe(1).f_back)
+        node = Node(entry, bufs, dyns, _user_line(sys._getframe(1)))
         self.nodes.append(node)
         outs = node.outs
         fresh = []
@@ -93,7 +105,9 @@ class DeferExecutor:
         p = self.period
         if p and hist[i - p] == h:
             self.run += 1
-            if self.run >= p and p >= MIN_PERIOD and 3 * p >= i + 1:
+            # two full repetitions must make up (nearly) all that was recorded since the
+            # last flush: repeated layers inside one step are not the loop
+            if self.run >= p and p >= MIN_PERIOD and 20 * p >= 9 * (i + 1):
                 metrics.count("loops_detected")
                 self.flush("loop")
                 return

@@ -14,6 +14,7 @@ Steps, each a function below:
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import jax
@@ -29,7 +30,7 @@ _DONATE = os.environ.get("TORCH_TPU_DONATE", "1") not in ("", "0")
 
 
 def wire(nodes):
-    """-> (wiring per node, external buffers, flat dyns, dyn counts)."""
+    """-> (wiring per node, external buffers, flat dyns)."""
     ext_index = {}
     ext = []
     wiring = []
@@ -67,30 +68,33 @@ def choose_outputs(nodes):
     return tuple(refs), storages
 
 
-def donations(nodes, ext):
-    """External buffers no storage holds any more (the graph overwrote them)."""
-    held = set()
-    for node in nodes:
-        for lazy in node.outs:
-            st = lazy.owner()
-            if st is not None:
-                rec = getattr(st, _ATTR, None)
-                if rec is not None and type(rec[0]) is not _Lazy:
-                    held.add(id(rec[0]))
-    return held
+def donations(ext):
+    """Indices of external buffers the graph overwrote and nothing else holds: donating
+    them lets XLA write results in place (an optimizer step would otherwise hold old and
+    new weights and state at once). Called once the pending nodes have dropped their
+    inputs, so a buffer whose only reference left is `ext` belongs to nobody else: not to
+    a live storage, not to an array a caller kept, not to a storage sharing it."""
+    out = []
+    for j in range(len(ext)):
+        b = ext[j]
+        # references: the ext list, `b`, getrefcount's argument
+        if sys.getrefcount(b) == 3:
+            out.append(j)
+    return tuple(out)
 
 
-def graph_key(nodes, wiring, out_refs, dyns):
+def graph_key(nodes, wiring, out_refs, dyns, donate):
     entries = tuple(id(n.entry) for n in nodes)
-    return (entries, wiring, out_refs, tuple(type(d) for d in dyns))
+    return (entries, wiring, out_refs, tuple(getattr(d, "dtype", type(d)) for d in dyns), donate)
 
 
-def _build(nodes, wiring, out_refs):
+def _build(nodes, wiring, out_refs, next_):
     raws = [n.entry.raw for n in nodes]
     ndyn = [len(n.dyns) for n in nodes]
     names = [n.entry.key[0] for n in nodes]
 
-    def fused(ext, dyns):
+    def fused(*args):
+        ext, dyns = args[:next_], args[next_:]
         vals = []
         d = 0
         for raw, w, nd, name in zip(raws, wiring, ndyn, names):
@@ -135,34 +139,31 @@ class _NodeError(Exception):
         self.error = error
 
 
-def _user_line(frame):
-    while frame is not None:
-        fname = frame.f_code.co_filename
-        if "/torch/" not in fname and "torch_tpu" not in fname:
-            return f"{fname}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "<unknown>"
+def _user_line(where):
+    return f"{where[0]}:{where[1]}"
 
 
 def flush(nodes) -> None:
     wiring, ext, dyns = wire(nodes)
     out_refs, storages = choose_outputs(nodes)
-    key = graph_key(nodes, wiring, out_refs, dyns)
+    for node in nodes:  # from here on only `ext` holds the inputs
+        node.bufs = None
+    donate = donations(ext) if _DONATE else ()
+    key = graph_key(nodes, wiring, out_refs, dyns, donate)
     fn = _CACHE.get(key)
     if fn is None:
         t0 = time.perf_counter()
         _explain(nodes, key)
-        held = donations(nodes, ext) if _DONATE else None
-        fn = jax.jit(_build(nodes, wiring, out_refs), donate_argnums=())
+        fn = jax.jit(_build(nodes, wiring, out_refs, len(ext)), donate_argnums=donate)
         _CACHE[key] = fn
         metrics.count("fused_graphs_compiled")
         metrics.compile_seconds[0] += time.perf_counter() - t0
-        del held
     else:
         metrics.count("fused_cache_hits")
     metrics.count("fused_nodes", len(nodes))
+    metrics.count("fused_donated_buffers", len(donate))
     try:
-        results = fn(ext, dyns)
+        results = fn(*ext, *dyns)
     except _NodeError as e:
         node = nodes[e.index]
         raise RuntimeError(
@@ -172,7 +173,6 @@ def flush(nodes) -> None:
         rec = getattr(st, _ATTR)
         setattr(st, _ATTR, (arr, rec[1], rec[2]))
         _storage.realized(st)
-    for node in nodes:  # release frames and inputs promptly
+    for node in nodes:
         node.frame = None
-        node.bufs = None
 

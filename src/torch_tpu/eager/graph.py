@@ -21,5 +21,5 @@ class Node:
         self.bufs = bufs      # jax arrays or Lazy values, in the entry's input order
         self.dyns = dyns      # dynamic scalars (learning rates, RNG seed/offset)
         self.outs = []        # Lazy per output
-        self.frame = frame    # the recording call's Python frame, for error messages
+        self.frame = frame    # (file, line) of the user code that recorded it, for errors
         self.pos = 0
