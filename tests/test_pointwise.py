@@ -230,6 +230,10 @@ PROMOTION = [
     ("shift out of range", lambda a, b: (a << b, a >> b),
      [torch.tensor([5, -5, 5, -5]), torch.tensor([64, 64, -1, 70])]),
     ("uint8 shift", lambda a: (a >> 9, a << 3), [torch.tensor([200, 7], dtype=torch.uint8)]),
+    ("complex", lambda a, b: [torch.complex(a, b), torch.polar(a.abs(), b)],
+     [make((4,), F32), make((4,), F32, seed=1)]),
+    ("complex math", lambda z: [z * z, z.abs(), torch.sgn(z), z.conj_physical(), z + 1.5],
+     [torch.complex(make((4,), F32), make((4,), F32, seed=1))]),
     ("masked_fill float into int", lambda a, m: a.masked_fill(m, 2.7),
      [torch.tensor([1, 2, 3]), torch.tensor([True, False, True])]),
 ]

@@ -61,10 +61,16 @@ def _out_kernel(op, functional):
         outs = [kwargs.pop(n) for n in out_names]
         result = modes.executor().execute(fplan, fplan.normalize(args, kwargs))
         results = result if isinstance(result, (tuple, list)) else (result,)
-        for dst, src in zip(outs, results):
+        if len(outs) == 1 and isinstance(outs[0], (list, tuple)):  # Tensor(a!)[] out
+            dsts, srcs = outs[0], results
+        else:
+            dsts, srcs = outs, results
+        for dst, src in zip(dsts, srcs):
             if dst.shape != src.shape:
                 dst.resize_(src.shape)
             dst.copy_(src)
+        if not op._schema.returns:
+            return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return kernel

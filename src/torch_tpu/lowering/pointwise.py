@@ -462,6 +462,22 @@ def _frexp(self):
     return mantissa, exponent.astype(jnp.int32)
 
 
+# ---------------------------------------------------------------- complex numbers
+@lowering(aten.complex.default)
+def _complex(real, imag):
+    return lax.complex(*jnp.broadcast_arrays(real, imag))
+
+
+@lowering(aten.polar.default)
+def _polar(magnitude, angle):
+    return lax.complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))
+
+
+@lowering(aten._conj_physical.default)
+def _conj_physical(self):
+    return jnp.conj(self)
+
+
 # ---------------------------------------------------------------- comparisons, logic, bits
 _COMPARISONS = {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less,
                 "le": jnp.less_equal, "gt": jnp.greater, "ge": jnp.greater_equal}
