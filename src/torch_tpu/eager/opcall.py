@@ -20,7 +20,7 @@ import torch
 from .. import _runtime, _storage, metrics
 from .._device import default_generator
 
-TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC = range(8)
+TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC, STATIC_NUMBER = range(9)
 _KINDS = {
     "Tensor": TENSOR,
     "Optional[Tensor]": OPT_TENSOR,
@@ -103,7 +103,8 @@ class OpPlan:
         if self.factory:
             # factories (arange, full, scalar_tensor): their scalars decide shapes or are
             # constants of a program that has no inputs, so they key the cache by value
-            kinds = [STATIC if k == SCALAR else k for k in kinds]
+            # (keyed with their type: arange(8) and arange(8.0) differ, yet 8 == 8.0)
+            kinds = [STATIC_NUMBER if k == SCALAR else k for k in kinds]
         self.kinds = tuple(kinds)
         self.names = tuple(a.name for a in args)
         self.npos = sum(1 for a in args if not a.kwarg_only)
@@ -146,6 +147,8 @@ class OpPlan:
                 parts.append(_hashable(v))
             elif k <= OPT_TENSOR:
                 parts.append(self._tensor_part(v, bufs, dyns))
+            elif k == STATIC_NUMBER:
+                parts.append((type(v), v))
             elif k == SCALAR:
                 if v is None or isinstance(v, bool):
                     parts.append(("=", v))
@@ -273,6 +276,8 @@ class OpPlan:
             for k, part in zip(kinds, parts):
                 if k == STATIC:
                     args.append(part)
+                elif k == STATIC_NUMBER:
+                    args.append(part[1])
                 elif k <= OPT_TENSOR:
                     x, b = read(part, bufs, b, dyns_it)
                     args.append(x)
