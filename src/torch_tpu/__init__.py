@@ -30,6 +30,16 @@ _modes.init_from_env()
 if __import__("os").environ.get("TORCH_TPU_METRICS", "0") not in ("", "0"):
     metrics.print_at_exit()
 
+from . import _cache  # noqa: E402
+
+_cache.setup()  # persistent XLA compilation cache (TORCH_TPU_CACHE_DIR)
+
+from . import compile as _compile  # noqa: E402
+
+_compile.register()  # torch.compile(backend="tpu")
+
+from . import distributed  # noqa: E402,F401  (registers the "tpu_dist" c10d backend)
+
 set_cpu_fallback = _dispatch.set_cpu_fallback
 
 

@@ -85,6 +85,8 @@ COMMANDS = {
              *_module("torch_tpu.demo")),
     "bench": ("benchmarks: bench NAME (see `bench --help`)",
               _add_bench_arguments, _bench_main),
+    "validate": ("sweeps on tpu vs CPU: validate ops|models|report (docs/VALIDATION.md)",
+                 *_module("torch_tpu.validation.cli")),
 }
 
 

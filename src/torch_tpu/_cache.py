@@ -133,6 +133,19 @@ def setup(path: str | os.PathLike | None = None) -> pathlib.Path | None:
     return target
 
 
+def disable() -> None:
+    """Turn the persistent cache off (executables compiled from now on stay in memory)."""
+    from jax._src import compilation_cache as cc
+
+    jax.config.update("jax_compilation_cache_dir", None)
+    with cc._cache_initialized_mutex:
+        cc._cache = None
+        cc._cache_initialized = False
+        cc._cache_checked = False
+        cc._cache_used = False
+    _state["dir"] = None
+
+
 def _listen() -> None:
     if _state["listening"]:
         return

@@ -24,6 +24,8 @@ import itertools
 import sys
 import warnings
 
+import torch
+
 from .. import metrics
 from .lower import UnsupportedGraph, decompositions
 from .program import Program
@@ -82,8 +84,51 @@ def _aot_backend():
     )
 
 
+@functools.cache
+def setup_dynamo() -> None:
+    """What dynamo needs before it traces anything for tpu; idempotent."""
+    _skip_runtime_frames()
+    _capturable_optimizers()
+
+
+def _skip_runtime_frames() -> None:
+    """Keep dynamo out of the device runtime. Code between graphs (after a graph break)
+    runs eagerly with dynamo's frame hook still installed, and every tpu op there calls
+    torch_tpu's Python kernels and JAX: dynamo would try to compile those frames as user
+    code (and fail inside JAX). torch's own runtime files are on dynamo's skip list;
+    these are the equivalent for this device."""
+    from torch._dynamo import trace_rules
+
+    for name in ("torch_tpu", "jax", "jaxlib", "ml_dtypes"):
+        trace_rules.add(name)
+
+
+def _capturable_optimizers() -> None:
+    """Compiled optimizer steps keep their state on the device, as dynamo arranges for
+    CUDA and XPU: dynamo sets `capturable=True` on a param group it traces for the first
+    time (state not yet created) only when every param is a CUDA or XPU tensor, and
+    otherwise `_init_group` puts each `step` counter on the CPU. For tpu params that would
+    leave a host-side computation per param in the graph, and a transfer every step."""
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    original = OptimizerVariable._set_capturable
+
+    def _set_capturable(self, tx):
+        opt = self.value
+        for group in opt.param_groups:
+            params = group.get("params", [])
+            if ("capturable" in group and params
+                    and all(isinstance(p, torch.Tensor) and p.device.type == "tpu" for p in params)
+                    and all(p not in opt.state for p in params)):
+                group["capturable"] = True
+        return original(self, tx)
+
+    OptimizerVariable._set_capturable = _set_capturable
+
+
 def backend(gm, example_inputs, **kwargs):
     """The dynamo backend: a dynamo graph in, a callable on real tensors out."""
+    setup_dynamo()
     metrics.count("compile.dynamo_graphs")
     return _aot_backend()(gm, example_inputs, **kwargs)
 
@@ -98,12 +143,15 @@ def _has_entry_point() -> bool:
 
 def register() -> None:
     """Make backend="tpu" known to torch.compile. With the package's entry point installed
-    torch finds it lazily; otherwise register now (this imports torch._dynamo)."""
+    (`torch_dynamo_backends: tpu = torch_tpu.compile._entry:backend`) torch finds it
+    lazily, and importing torch_tpu does not import dynamo (~2.5 s); otherwise, or when
+    dynamo is already imported, register now."""
     if "torch._dynamo" in sys.modules or not _has_entry_point():
         from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
         if _COMPILER_FNS.get(BACKEND_NAME) is not backend:
             register_backend(compiler_fn=backend, name=BACKEND_NAME)
+        setup_dynamo()
 
 
-__all__ = ["backend", "register", "BACKEND_NAME"]
+__all__ = ["backend", "register", "setup_dynamo", "BACKEND_NAME"]

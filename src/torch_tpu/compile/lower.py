@@ -68,8 +68,8 @@ class OpInfo:
 
     def normalize(self, args, kwargs):
         vals = list(args)
-        if len(vals) < self.npos:
-            vals.extend(self.defaults[len(vals):self.npos])
+        for i in range(len(vals), self.npos):  # FX may pass positional ones by name
+            vals.append(kwargs.get(self.names[i], self.defaults[i]))
         for i in range(self.npos, len(self.names)):
             vals.append(kwargs.get(self.names[i], self.defaults[i]))
         return vals
@@ -194,6 +194,24 @@ def _view_dtype(self, dtype, meta=None):
     return flat.reshape(self.shape[:-1] + (last,) if self.ndim else ())
 
 
+@_rule(aten.as_strided.default, aten.as_strided_copy.default)
+def _as_strided(self, size, stride, storage_offset=None, meta=None):
+    # meaningful on a value only when it is its whole storage, contiguous: checked per
+    # node by GraphLowering (AOTAutograd's synthetic bases for aliased inputs are such)
+    flat = self.reshape(-1)
+    read = _storage.reader(tuple(size), tuple(stride), storage_offset or 0, flat.shape[0],
+                           flat.dtype, meta.dtype)
+    return read(flat)
+
+
+@_rule(aten.as_strided_scatter.default)
+def _as_strided_scatter(self, src, size, stride, storage_offset=None, meta=None):
+    flat = self.reshape(-1)
+    write = _storage.writer(tuple(size), tuple(stride), storage_offset or 0, flat.shape[0],
+                            flat.dtype, meta.dtype)
+    return write(flat, src.astype(flat.dtype)).reshape(self.shape)
+
+
 @_rule(aten.split.Tensor)
 def _split(self, split_size, dim=0, meta=None):
     d = dim % self.ndim
@@ -267,28 +285,45 @@ def decompositions() -> dict:
 class GraphLowering:
     """One FX graph, checked once, then interpreted on JAX values inside jax.jit.
 
-    Raises UnsupportedGraph, naming the ops, when some node has no lowering."""
+    Nodes whose values torch keeps on the host (CPU scalars computed from CPU inputs,
+    like a non-capturable optimizer's `step` counters and bias corrections) are the
+    *host* part: they run eagerly on CPU before the program (`run_host`), and the program
+    receives those of their values that device nodes read (`feeds`). Everything else is
+    the device part, interpreted by `trace`. Raises UnsupportedGraph, naming the ops, when
+    a device node has no lowering."""
 
-    def __init__(self, gm: torch.fx.GraphModule):
+    def __init__(self, gm: torch.fx.GraphModule, cpu_inputs=()):
         self.gm = gm
         self.nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
         self.ph_index = {n: i for i, n in enumerate(self.placeholders)}
         self.output_node = next(n for n in reversed(self.nodes) if n.op == "output")
         self.consts = {}        # get_attr node name -> tensor
-        self.seeded = {}        # node -> its index among seeded nodes, in graph order
+        self.seeded = {}        # device node -> its index among seeded nodes, in graph order
         self.mutated_inputs = set()
+        self.host = {self.placeholders[i] for i in cpu_inputs}
+        self.host_pure, self.host_mutating = [], []  # host nodes to run, in graph order
         missing = set()
         for n in self.nodes:
             if n.op == "get_attr":
                 self.consts[n.name] = _fetch_attr(gm, n.target)
             elif n.op == "call_function":
                 t = n.target
+                if self._is_host(n):
+                    self.host.add(n)
+                    mutating = isinstance(t, torch._ops.OpOverload) and any(
+                        a.alias_info is not None and a.alias_info.is_write
+                        for a in t._schema.arguments)
+                    (self.host_mutating if mutating else self.host_pure).append(n)
+                    continue
                 if isinstance(t, torch._ops.OpOverload):
                     info = op_info(t)
                     if info is None:
                         missing.add(str(t))
                         continue
+                    if info.fn in (_as_strided, _as_strided_scatter) \
+                            and not _whole_storage(n.args[0]):
+                        missing.add(f"{t} of a view (its storage is not in the graph)")
                     if info.seeded:
                         self.seeded[n] = len(self.seeded)
                     for i in info.mutated:
@@ -302,17 +337,43 @@ class GraphLowering:
         if missing:
             raise UnsupportedGraph(", ".join(sorted(missing)))
         self.n_seeded = len(self.seeded)
+        # host values that device nodes read: the program's extra inputs
+        self.feeds = [n for n in self.nodes if n in self.host and any(
+            u not in self.host and u.op != "output" for u in n.users)]
 
-    def trace(self, inputs, consts, seed, offset, write):
-        """Interpret the graph on JAX values: `inputs[i]` is placeholder i's value (a JAX
-        array, or a Python int for a size). `write(i, value)` receives the new value of
-        each graph input the graph mutates. Returns the output node's values."""
-        env = dict(zip(self.placeholders, inputs))
+    def _is_host(self, n) -> bool:
+        """A CPU result computed only from host values (and constants)."""
+        meta = n.meta.get("val")
+        metas = meta if isinstance(meta, (list, tuple)) else [meta]
+        if not metas or not all(isinstance(m, torch.Tensor) and m.device.type == "cpu"
+                                for m in metas):
+            if n.target is not operator.getitem:
+                return False
+        inputs = n.all_input_nodes
+        return bool(inputs) and all(a in self.host for a in inputs)
+
+    def run_host(self, args, mutating: bool, henv: dict) -> None:
+        """Run the host nodes (pure ones, or the mutating epilogue) eagerly on CPU."""
+        if not henv:
+            for n in self.host:
+                if n.op == "placeholder":
+                    henv[n] = args[self.ph_index[n]]
+        for n in (self.host_mutating if mutating else self.host_pure):
+            henv[n] = n.target(*_lookup(n.args, henv), **_lookup(n.kwargs, henv))
+
+    def trace(self, env, consts, seed, offset, write):
+        """Interpret the device part on JAX values. `env` starts with every placeholder's
+        value (a JAX array, or a Python int for a size) and every feed's. `write(i, value)`
+        receives the new value of each graph input the graph mutates. Returns the output
+        node's values (None where an output is a host value)."""
         base_key = jax.random.key(seed) if self.n_seeded else None
         seeded = self.seeded
+        host = self.host
         for n in self.nodes:
             op = n.op
             if op == "call_function":
+                if n in host:
+                    continue
                 args = _lookup(n.args, env)
                 kwargs = _lookup(n.kwargs, env) if n.kwargs else {}
                 t = n.target
@@ -336,7 +397,8 @@ class GraphLowering:
                 env[n] = out
             elif op == "get_attr":
                 env[n] = consts[n.name]
-        return _lookup(self.output_node.args[0], env)
+        return [None if isinstance(a, torch.fx.Node) and a in host else _lookup(a, env)
+                for a in self.output_node.args[0]]
 
     def _mutate(self, n, info, out, env, write):
         """An in-place op: the lowering returned the written arguments' new values. A
@@ -351,6 +413,18 @@ class GraphLowering:
                 env[target] = value
                 if target.op == "placeholder":
                     write(self.ph_index[target], value)
+
+
+def _whole_storage(node) -> bool:
+    """Does this node's value fill its storage, contiguously from offset 0?"""
+    meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(meta, torch.Tensor):
+        return False
+    try:
+        return (meta.is_contiguous() and meta.storage_offset() == 0
+                and meta.untyped_storage().nbytes() == meta.numel() * meta.element_size())
+    except Exception:  # noqa: BLE001  (symbolic sizes: decline, the graph runs eagerly)
+        return False
 
 
 def _targets(arg):

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _io, collectives as C
+from .. import _runtime
+from . import _io
 
 
 def _even(pg, output, flat_in_, dt):
@@ -55,7 +56,7 @@ def all_to_all_single(pg, output, inp, out_splits, in_splits) -> None:
             f"tpu_dist all_to_all_single: split sizes sum to {sum(in_splits)} and "
             f"{sum(out_splits)}, but the tensors have {rows_in} and {rows_out} rows")
     flat_in_, _ = _io.flat_in(inp)
-    dt = str(_io.jax_dtype(inp))
+    dt = _io.dtype_name(inp)
     if len(set(in_splits) | set(out_splits)) == 1:
         if inp.numel():
             _io.flat_out(output, _even(pg, output, flat_in_, dt))
@@ -67,7 +68,7 @@ def all_to_all_single(pg, output, inp, out_splits, in_splits) -> None:
 
 def _agree_max(pg, value: int) -> int:
     """The largest `value` over the group (one tiny collective, read on the host)."""
-    block = jax.device_put(np.array([value], np.int64), _io.zeros(1, jnp.int64).devices().pop())
+    block = jax.device_put(np.array([value], np.int64), _runtime.device())
     ins = ((1, "int64"),)
     (out,) = pg._issue(pg.mesh(), "max", [block], ins, ins)
     return int(np.asarray(out)[0])
@@ -108,7 +109,7 @@ def all_to_all_lists(pg, outputs, inputs) -> None:
         raise ValueError(f"tpu_dist all_to_all: all tensors must share one dtype, got {dtypes}")
     in_sizes = [t.numel() for t in inputs]
     out_sizes = [t.numel() for t in outputs]
-    dt = str(_io.jax_dtype(inputs[0]))
+    dt = _io.dtype_name(inputs[0])
     flat_in_ = _concat([_io.flat_in(t)[0] for t in inputs])
     if len(set(in_sizes) | set(out_sizes)) == 1:
         if in_sizes[0] == 0:

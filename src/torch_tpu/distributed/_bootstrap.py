@@ -33,6 +33,7 @@ _state = {"rank": None, "world": None, "coordinator": None, "timeout_s": None,
           "crashed": False, "hooks": False}
 _lock = threading.RLock()
 _KEY = "tpu_dist/jax_coordinator"
+_crash_hooks: list = []  # called with the uncaught exception before a crashed process exits
 
 
 class DistInitError(RuntimeError):
@@ -220,6 +221,13 @@ def _install_exit_hooks() -> None:
     def excepthook(tp, value, tb):
         _state["crashed"] = True
         previous(tp, value, tb)
+        # An error from a failed collective often surfaces at an unrelated read (.item(),
+        # .cpu()) as a raw XLA error: say which collective failed and why.
+        for hook in _crash_hooks:
+            try:
+                hook(value)
+            except Exception:  # noqa: BLE001
+                pass
 
     sys.excepthook = excepthook
     # Registered after JAX's own atexit handler, so it runs first.

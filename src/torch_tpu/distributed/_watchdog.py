@@ -20,17 +20,25 @@ import threading
 import time
 
 from . import _bootstrap
-from .collectives import explain
+import numpy as np
+
+from .collectives import explain, local, mismatch_message
 
 _POLL_S = float(os.environ.get("TORCH_TPU_DIST_WATCHDOG_POLL_S", "0.05"))
 _ABORT = os.environ.get("TORCH_TPU_DIST_ASYNC_ERROR_HANDLING", "1") not in ("0", "")
 
 
 class _Entry:
-    __slots__ = ("token", "t0", "what", "timeout")
+    __slots__ = ("gm", "token", "rows", "name", "ranks", "t0", "what", "timeout")
 
-    def __init__(self, token, what, timeout):
-        self.token, self.t0, self.what, self.timeout = token, time.monotonic(), what, timeout
+    def __init__(self, gm, what, timeout):
+        self.gm = gm
+        self.token = self.rows = None  # set once the dispatch returned
+        self.name, self.ranks = gm.name, gm.ranks
+        self.t0, self.what, self.timeout = time.monotonic(), what, timeout
+
+    def issued(self) -> None:
+        self.token, self.rows = local(self.gm.token), local(self.gm.rows)
 
 
 _pending: collections.deque = collections.deque()
@@ -39,25 +47,26 @@ _thread = [None]
 _reported = [False]
 
 
-def track(token, what, timeout: float) -> None:
-    """Watch a collective until its output token is ready. `what` is a zero-argument
-    callable giving the description (built only when reporting)."""
-    entry = _Entry(token, what, timeout)
+def begin(gm, what, timeout: float) -> _Entry:
+    """Watch the program about to be issued on `gm` until its token is ready; call
+    `.issued()` on the result once dispatched. Watching starts before the dispatch because
+    XLA:CPU runs a program whose inputs are ready inline: a collective whose peer never
+    comes blocks inside the dispatch. `what` is a zero-argument callable giving the
+    description (built only when reporting)."""
+    entry = _Entry(gm, what, timeout)
     with _lock:
-        # drop finished ones from the front: cheap, keeps the queue short
-        while _pending and _pending[0].token.is_ready() and _ok(_pending[0]):
-            _pending.popleft()
         _pending.append(entry)
     if _thread[0] is None:
         _start()
+    return entry
 
 
-def _ok(entry) -> bool:
-    try:
-        entry.token.block_until_ready()
-        return True
-    except Exception:  # noqa: BLE001  (reported by the thread)
-        return False
+def cancel(entry) -> None:
+    with _lock:
+        try:
+            _pending.remove(entry)
+        except ValueError:
+            pass
 
 
 def _start() -> None:
@@ -74,45 +83,108 @@ def pending() -> int:
         return len(_pending)
 
 
+def _verdict(entry) -> str | None:
+    """None if the finished program is fine, else what went wrong ("" when it was refused
+    only because an earlier call on its group had failed)."""
+    try:
+        value = int(np.asarray(entry.token)[0])
+    except Exception as e:  # noqa: BLE001  (the execution failed)
+        return f"failed: {explain(str(e))}"
+    if value >= 0:
+        return None
+    msg = mismatch_message(entry.name, entry.ranks, np.asarray(entry.rows))
+    return msg or ""
+
+
 def _loop() -> None:
     while True:
         time.sleep(_POLL_S)
         with _lock:
             entries = list(_pending)
-        done = []
+        now = time.monotonic()
+        ready: dict = {}
+        finished = set()
         for entry in entries:
-            if entry.token.is_ready():
-                try:
-                    entry.token.block_until_ready()
-                except Exception as e:  # noqa: BLE001
-                    _report(entry, f"failed: {explain(str(e))}")
-                    done.append(entry)
-                    continue
-                done.append(entry)
-            elif time.monotonic() - entry.t0 > entry.timeout:
+            if entry.token is not None and entry.token.is_ready():
+                ready.setdefault((entry.ranks, entry.name), []).append(entry)
+                finished.add(id(entry))
+            elif now - entry.t0 > entry.timeout:
                 _report(entry, f"did not complete within the timeout of {entry.timeout:.0f} s "
                                "(init_process_group(timeout=...)): a rank is hung, stopped, "
                                "or never issued the matching collective")
-                done.append(entry)
-        if done:
+        # A group's tokens form a chain: a failure or refusal poisons every later token, so
+        # the newest finished one tells whether any failed; only then look for the first.
+        for chain in ready.values():
+            if _verdict(chain[-1]) is None:
+                continue
+            entry, verdict = _first_failure(chain)
+            if entry is not None:
+                _report(entry, verdict)
+        if finished:
             with _lock:
-                for entry in done:
-                    try:
-                        _pending.remove(entry)
-                    except ValueError:
-                        pass
+                kept = [e for e in _pending if id(e) not in finished]
+                _pending.clear()
+                _pending.extend(kept)
 
 
-def _report(entry, verdict: str) -> None:
-    if _reported[0]:
-        return
-    _reported[0] = True
+def _first_failure(chain):
+    for entry in chain:
+        verdict = _verdict(entry)
+        if verdict:
+            return entry, verdict
+    return None, None
+
+
+def _describe(entry, verdict: str) -> str:
     try:
         what = entry.what()
     except Exception:  # noqa: BLE001
         what = "a collective"
-    age = time.monotonic() - entry.t0
-    msg = f"{what}, issued {age:.1f} s ago, {verdict}."
+    if verdict.startswith("tpu_dist: mismatched"):
+        return f"{what}: {verdict}"
+    return f"{what}, issued {time.monotonic() - entry.t0:.1f} s ago, {verdict}."
+
+
+def wait(gm, timeout_s: float, what: str) -> None:
+    """Block until the group's last program finished; raise a clear error if it (or an
+    earlier one on the group) failed, or after `timeout_s`."""
+    import torch.distributed as dist
+
+    from .collectives import CollectiveMismatch, translate
+
+    tok = local(gm.token)
+    deadline = time.monotonic() + timeout_s
+    delay = 1e-5
+    while not tok.is_ready():
+        if time.monotonic() > deadline:
+            raise dist.DistBackendError(
+                f"tpu_dist: {what} did not complete within {timeout_s:.0f} s: a rank is "
+                "hung, stopped, or never reached it")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
+    try:
+        value = int(np.asarray(tok)[0])
+    except Exception as e:  # noqa: BLE001
+        raise translate(e) from None
+    if value >= 0:
+        return
+    if gm.failure is None:
+        with _lock:
+            chain = [e for e in _pending if e.gm is gm and e.token is not None]
+        entry, verdict = _first_failure(chain)
+        if entry is not None:
+            gm.failure = _describe(entry, verdict)
+    raise CollectiveMismatch(gm.failure or f"tpu_dist: {what} was skipped because an earlier "
+                             f"collective on group {gm.name!r} failed")
+
+
+def _report(entry, verdict: str) -> None:
+    if entry.gm.failure is None:
+        entry.gm.failure = _describe(entry, verdict)
+    if _reported[0]:
+        return
+    _reported[0] = True
+    msg = entry.gm.failure
     if _ABORT:
         _bootstrap.fail(msg + " Exiting this process so the job does not hang "
                               "(TORCH_TPU_DIST_ASYNC_ERROR_HANDLING=0 to only report).")
@@ -120,3 +192,32 @@ def _report(entry, verdict: str) -> None:
         import sys
 
         sys.stderr.write(f"\n[tpu_dist rank {_bootstrap.rank()}] {msg}\n")
+
+
+def _explain_crash(exc) -> None:
+    """On an uncaught exception: report the first failed collective still pending (the
+    likely cause), or explain a raw collective error."""
+    with _lock:
+        entries = [e for e in _pending if e.token is not None and e.token.is_ready()]
+    chains: dict = {}
+    for e in entries:
+        chains.setdefault(id(e.gm), []).append(e)
+    for chain in chains.values():
+        entry, verdict = _first_failure(chain)
+        if entry is not None:
+            if entry.gm.failure is None:
+                entry.gm.failure = _describe(entry, verdict)
+            if not _reported[0]:
+                _reported[0] = True
+                import sys
+
+                sys.stderr.write(f"\n[tpu_dist rank {_bootstrap.rank()}] {entry.gm.failure}\n")
+            return
+    text = str(exc)
+    if "Gloo" in text or "collective" in text.lower():
+        import sys
+
+        sys.stderr.write(f"\n[tpu_dist rank {_bootstrap.rank()}] {explain(text)}\n")
+
+
+_bootstrap._crash_hooks.append(_explain_crash)

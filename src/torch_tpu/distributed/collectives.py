@@ -9,10 +9,12 @@ Every program
     XLA:CPU runs independent executions concurrently, and two collectives issued in
     different orders on two processes would deadlock or mix their data;
   - first all-gathers a small signature of the call (collective, reduce op, root, element
-    counts, dtypes) and runs the collective only when every member agrees. Otherwise a host
-    callback raises `CollectiveMismatch` naming each rank's call: a shape mismatch is a clear
+    counts, dtypes) and runs the collective only when every member agrees. Otherwise every
+    member skips it and returns a negative token plus the signatures, from which the
+    watchdog (or a waiting call) reports each rank's call: a shape mismatch is a clear
     error, never a gloo abort or a silent hang. Cost: one 64-byte all-gather in the same
-    program.
+    program. (A host callback would raise in place, but any callback makes JAX run the
+    program synchronously on its slow path: ~5 ms a call.)
 
 In-place collectives donate their input buffers when nothing else holds them, so XLA
 reduces into the same memory (no fresh multi-megabyte output per call).
@@ -20,6 +22,7 @@ reduces into the same memory (no fresh multi-megabyte output per call).
 from __future__ import annotations
 
 import functools
+import os
 import zlib
 
 import jax
@@ -29,11 +32,13 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import _runtime
+from . import _algorithms as A
 
-AXIS = "g"
+AXIS = A.AXIS
 
 # Reduce ops, numbered as torch's ReduceOp.RedOpType.
 SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM = range(9)
+assert (SUM, PREMUL_SUM) == (A.SUM, A.PREMUL_SUM)
 OP_NAMES = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
 
 KINDS = ["barrier", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
@@ -42,10 +47,13 @@ _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 _DTYPES = sorted({str(d) for d in _runtime.TORCH_TO_JAX.values()})
 _DTYPE_CODE = {d: i + 1 for i, d in enumerate(_DTYPES)}
 _HEADER = 8
+# TORCH_TPU_DIST_CHECK=0 skips the signature check (one small all-gather per collective):
+# faster small collectives, but mismatched shapes then hang or abort in gloo.
+_CHECK = os.environ.get("TORCH_TPU_DIST_CHECK", "1") not in ("0", "")
 
 
 class CollectiveMismatch(RuntimeError):
-    pass
+    """Members of a group issued different collectives (or different sizes or dtypes)."""
 
 
 # ---------------------------------------------------------------- the group's mesh
@@ -74,6 +82,8 @@ class GroupMesh:
         self.sharding = NamedSharding(self.mesh, P(AXIS))
         self.key = (self.ranks, _runtime.device().platform)
         self.token = None  # the last program's output token (a global array)
+        self.rows = None   # and the signatures it gathered
+        self.failure = None  # the first failure reported on this group
         self.programs: dict = {}
 
     def glob(self, local):
@@ -100,7 +110,10 @@ from jax._src.array import ArrayImpl as _ArrayImpl  # noqa: E402  (fast path, se
 
 def local(arr):
     """This process's block of a group-wide array."""
-    return arr.addressable_data(0)
+    try:
+        return arr._arrays[0]  # what addressable_data(0) wraps, without a new wrapper
+    except AttributeError:
+        return arr.addressable_data(0)
 
 
 # ---------------------------------------------------------------- the signature check
@@ -126,70 +139,17 @@ def describe(row) -> str:
             f"{n_out} out")
 
 
-def _mismatch_callback(group_name, ranks):
-    def raise_mismatch(rows):
-        lines = [f"  rank {r}: {describe(row)}" for r, row in zip(ranks, np.asarray(rows))]
-        raise CollectiveMismatch(
-            f"tpu_dist: mismatched collective on group {group_name!r}: the ranks called "
+def mismatch_message(group_name, ranks, rows) -> str | None:
+    """The error for a refused call, from the signatures every member contributed; None
+    when they agree (the call was refused because an earlier one on the group was)."""
+    rows = np.asarray(rows).reshape(len(ranks), _HEADER)
+    if (rows == rows[0:1]).all():
+        return None
+    lines = [f"  rank {r}: {describe(row)}" for r, row in zip(ranks, rows)]
+    return (f"tpu_dist: mismatched collective on group {group_name!r}: the ranks called "
             "different collectives, or passed tensors of different shapes or dtypes:\n"
-            + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives, "
-            "in the same order, with tensors of the same size and dtype.")
-
-    return raise_mismatch
-
-
-# ---------------------------------------------------------------- reductions
-def _as_sum_dtype(x):
-    return x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
-
-
-def _gathered_reduce(x, op):
-    g = lax.all_gather(x, AXIS)
-    if x.dtype == jnp.bool_:
-        fn = {PRODUCT: jnp.all, MIN: jnp.all, BAND: jnp.all, SUM: jnp.any, MAX: jnp.any,
-              BOR: jnp.any}.get(op)
-        if fn is not None:
-            return fn(g, axis=0)
-        return (jnp.sum(g.astype(jnp.int32), axis=0) % 2).astype(jnp.bool_)
-    if op == PRODUCT:
-        return jnp.prod(g, axis=0, dtype=x.dtype)
-    bitwise = {BAND: lax.bitwise_and, BOR: lax.bitwise_or, BXOR: lax.bitwise_xor}[op]
-    return functools.reduce(bitwise, [g[i] for i in range(g.shape[0])])
-
-
-def reduce_block(x, op: int, size: int):
-    """The reduction of every member's block `x` with torch's ReduceOp `op`."""
-    if x.dtype == jnp.bool_ or op in (PRODUCT, BAND, BOR, BXOR):
-        return _gathered_reduce(x, op)
-    if op == SUM:
-        return lax.psum(x, AXIS)
-    if op == AVG:
-        s = lax.psum(x, AXIS)
-        if jnp.issubdtype(x.dtype, jnp.integer):
-            return lax.div(s, jnp.asarray(size, x.dtype))  # truncates, as C integer division
-        return (s / size).astype(x.dtype)
-    if op == MIN:
-        return lax.pmin(x, AXIS)
-    if op == MAX:
-        return lax.pmax(x, AXIS)
-    raise ValueError(f"tpu_dist does not support reduce op {OP_NAMES[op]}")
-
-
-def _masked(x, keep):
-    return jnp.where(keep, x, jnp.zeros((), x.dtype))
-
-
-def _psum_exact(x):
-    """Sum where all but one member contribute zeros: exact in every dtype."""
-    if x.dtype == jnp.bool_:
-        return lax.psum(x.astype(jnp.int32), AXIS) != 0
-    return lax.psum(x, AXIS)
-
-
-def _psum_scatter_exact(x):
-    if x.dtype == jnp.bool_:
-        return lax.psum_scatter(x.astype(jnp.int32), AXIS, tiled=True) != 0
-    return lax.psum_scatter(x, AXIS, tiled=True)
+            + "\n".join(lines) + "\nEvery rank of a group must issue the same collectives, in "
+            "the same order, with tensors of the same size and dtype.")
 
 
 # ---------------------------------------------------------------- the bodies
@@ -200,13 +160,13 @@ def _body(kind: str, op: int, root: int, size: int, ins, outs, extra):
     if kind == "barrier":
         return lambda *xs: ()
     if kind == "all_reduce":
-        return lambda *xs: tuple(reduce_block(x, op, size) for x in xs)
+        return lambda *xs: tuple(A.all_reduce(x, op, size) for x in xs)
     if kind == "max":  # a scalar pmax, used to agree on paddings
         return lambda *xs: tuple(lax.pmax(x, AXIS) for x in xs)
     if kind == "broadcast":
-        return lambda *xs: tuple(_psum_exact(_masked(x, idx() == root)) for x in xs)
+        return lambda *xs: tuple(A.broadcast(x, root, size) for x in xs)
     if kind == "reduce":
-        return lambda *xs: tuple(jnp.where(idx() == root, reduce_block(x, op, size), x)
+        return lambda *xs: tuple(jnp.where(idx() == root, A.all_reduce(x, op, size), x)
                                  for x in xs)
     if kind in ("all_gather", "gather"):
         split = extra == "split"
@@ -214,7 +174,7 @@ def _body(kind: str, op: int, root: int, size: int, ins, outs, extra):
         def all_gather(*xs):
             res = []
             for x in xs:
-                g = lax.all_gather(x, AXIS, tiled=True)
+                g = A.all_gather(x, size)
                 n = x.shape[0]
                 res.extend([g[i * n:(i + 1) * n] for i in range(size)] if split else [g])
             return tuple(res)
@@ -229,21 +189,13 @@ def _body(kind: str, op: int, root: int, size: int, ins, outs, extra):
             for j in range(len(outs)):
                 parts = xs[j * per:(j + 1) * per]
                 x = parts[0] if per == 1 else jnp.concatenate(parts)
-                if op == SUM and x.dtype != jnp.bool_:
-                    res.append(lax.psum_scatter(x, AXIS, tiled=True))
-                else:
-                    n = x.shape[0] // size
-                    r = reduce_block(x, op, size)
-                    res.append(lax.dynamic_slice(r, (idx() * n,), (n,)))
+                res.append(A.reduce_scatter(x, op, size))
             return tuple(res)
 
         return reduce_scatter
     if kind == "scatter":
-        def scatter(*xs):
-            x = xs[0] if len(xs) == 1 else jnp.concatenate(xs)
-            return (_psum_scatter_exact(_masked(x, idx() == root)),)
-
-        return scatter
+        return lambda *xs: (A.scatter(xs[0] if len(xs) == 1 else jnp.concatenate(xs), root,
+                                      size),)
     if kind == "all_to_all":
         return lambda *xs: tuple(lax.all_to_all(x, AXIS, 0, 0, tiled=True) for x in xs)
     if kind == "all_to_all(uneven)":
@@ -299,26 +251,31 @@ def _compile(gm, kind, ins, outs, op, root, extra, donate, sig, alias) -> Progra
     size = gm.size
     body = _body(kind, op, root, size, ins, outs, extra)
     header = _signature(kind, op, root, *(sig if sig is not None else (ins, outs)))
-    on_mismatch = _mismatch_callback(gm.name, gm.ranks)
     out_blocks = [(n, jnp.dtype(d)) for n, d in outs]
 
     def checked(tok, *xs):
-        rows = lax.all_gather(jnp.asarray(header), AXIS)
-        ok = jnp.all(rows == rows[0:1])
+        if _CHECK:
+            rows = A.gathered_rows(jnp.asarray(header), size)
+            ok = jnp.all(rows == rows[0:1]) & (tok[0] >= 0)
+        else:
+            rows = jnp.broadcast_to(jnp.asarray(header), (size, _HEADER))
+            ok = tok[0] >= 0
 
         def run(xs):
             return tuple(body(*(xs[:len(xs) - alias])))
 
         def refuse(xs):
-            jax.debug.callback(on_mismatch, rows)
             return tuple(jnp.zeros((n,), d) for n, d in out_blocks)
 
         ys = lax.cond(ok, run, refuse, xs)
-        return (tok + 1, *ys)
+        # The token counts this group's programs; a negative token marks a refused call
+        # (and poisons the chain, so every member skips the collectives that follow).
+        tok_out = jnp.where(ok, tok + 1, jnp.full_like(tok, -1))
+        return (tok_out, rows.reshape(-1), *ys)
 
     n_args = 1 + len(ins)
     fn = jax.shard_map(checked, mesh=gm.mesh, in_specs=(P(AXIS),) * n_args,
-                       out_specs=(P(AXIS),) * (1 + len(outs)), check_vma=False)
+                       out_specs=(P(AXIS),) * (2 + len(outs)), check_vma=False)
     jitted = jax.jit(fn, donate_argnums=tuple(1 + i for i in donate), keep_unused=True)
     return Program(jitted, len(outs), donate)
 
@@ -332,7 +289,8 @@ def run(gm: GroupMesh, prog: Program, blocks) -> list:
     except Exception as e:  # noqa: BLE001
         raise translate(e) from None
     gm.token = res[0]
-    return [local(a) for a in res[1:]]
+    gm.rows = res[1]
+    return [local(a) for a in res[2:]]
 
 
 def translate(e: Exception) -> Exception:
@@ -340,13 +298,7 @@ def translate(e: Exception) -> Exception:
     in words."""
     import torch.distributed as dist
 
-    text = str(e)
-    if "CollectiveMismatch" in text or "tpu_dist: mismatched collective" in text:
-        start = text.find("tpu_dist: mismatched collective")
-        end = text.find("in the same order, with tensors of the same size and dtype.")
-        msg = text[start:end + 60] if start >= 0 and end >= 0 else text
-        return dist.DistBackendError(msg.strip())
-    return dist.DistBackendError(explain(text))
+    return dist.DistBackendError(explain(str(e)))
 
 
 def explain(text: str) -> str:
@@ -358,25 +310,3 @@ def explain(text: str) -> str:
     if "timed out" in lowered or "deadline" in lowered or "timeout" in lowered:
         return f"tpu_dist: a collective timed out. ({text.strip()[:400]})"
     return f"tpu_dist: collective failed: {text.strip()[:600]}"
-
-
-def wait(gm: GroupMesh, timeout_s: float, what: str) -> None:
-    """Block until the group's last program finished; a clear error after `timeout_s`."""
-    import time
-
-    import torch.distributed as dist
-
-    tok = local(gm.token)
-    deadline = time.monotonic() + timeout_s
-    delay = 1e-5
-    while not tok.is_ready():
-        if time.monotonic() > deadline:
-            raise dist.DistBackendError(
-                f"tpu_dist: {what} did not complete within {timeout_s:.0f} s: a rank is "
-                "hung, stopped, or never reached it")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.01)
-    try:
-        tok.block_until_ready()
-    except Exception as e:  # noqa: BLE001
-        raise translate(e) from None

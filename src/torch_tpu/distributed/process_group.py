@@ -16,6 +16,12 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from . import _io, _watchdog, collectives as C
 
+# Donating a buffer makes the dispatch wait until the buffer's producer has finished, so
+# the host stops running ahead of the device; worth it only where a fresh output would
+# cost page faults (large buffers).
+_DONATE_MIN_BYTES = 1 << 20
+
+
 def _red(opts) -> int:
     op = getattr(opts, "reduceOp", opts)
     code = int(getattr(op, "op", op))
@@ -34,6 +40,35 @@ def _work(result=None):
 def _check_p2p(tensors, what):
     if len(tensors) != 1:
         raise ValueError(f"tpu_dist {what} takes exactly one tensor, got {len(tensors)}")
+
+
+class _Channel:
+    """One direction of point-to-point traffic between two ranks."""
+
+    def __init__(self, mesh: C.GroupMesh):
+        self.mesh = mesh
+        self.pool = None
+        self.error = None
+
+    def submit(self, fn) -> None:
+        self.raise_pending()
+        if self.pool is None:
+            import concurrent.futures
+
+            self.pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"tpu_dist-{self.mesh.name}")
+        self.pool.submit(self._run, fn)
+
+    def _run(self, fn) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001  (surfaces at the channel's next use)
+            self.error = e
+
+    def raise_pending(self) -> None:
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
 
 
 class ProcessGroupTPU(dist.ProcessGroup):
@@ -83,12 +118,17 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def _issue(self, gm, kind, blocks, ins, outs, op=C.SUM, root=0, extra=None, donate=(),
                sig=None, alias=0):
         prog = C.program(gm, kind, ins, outs, op, root, extra, donate, sig, alias)
-        results = C.run(gm, prog, blocks)
         self._seq += 1
         seq, name, ranks = self._seq, gm.name, gm.ranks
-        _watchdog.track(C.local(gm.token),
-                        lambda: f"{kind} #{seq} on group {name!r} (ranks {list(ranks)})",
-                        self._timeout_s)
+        entry = _watchdog.begin(
+            gm, lambda: f"{kind} #{seq} on group {name!r} (ranks {list(ranks)})",
+            self._timeout_s)
+        try:
+            results = C.run(gm, prog, blocks)
+        except BaseException:
+            _watchdog.cancel(entry)
+            raise
+        entry.issued()
         return results
 
     def _inputs(self, tensors, allow_donate=True):
@@ -96,8 +136,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         for i, t in enumerate(tensors):
             buf, ok = _io.flat_in(t)
             blocks.append(buf)
-            ins.append((t.numel(), str(_io.jax_dtype(t))))
-            if ok and allow_donate:
+            ins.append((t.numel(), _io.dtype_name(t)))
+            if ok and allow_donate and t.numel() * t.element_size() >= _DONATE_MIN_BYTES:
                 donate.append(i)
         return blocks, tuple(ins), tuple(donate)
 
@@ -152,7 +192,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         w = self.size()
         outs = ((n, dt),) * w if split else ((n * w, dt),)
         alias = 0
-        if out is not None:
+        if out is not None and n * w * out.element_size() >= _DONATE_MIN_BYTES:
             buf, ok = _io.flat_in(out)
             if ok:  # the old output buffer becomes the result's memory
                 blocks.append(buf)
@@ -207,6 +247,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         out = output_tensors[0]
         root = opts.rootRank
         n, dt = out.numel(), _io.jax_dtype(out)
+        dname = _io.dtype_name(out)
         if self.rank() == root:
             self._check_list(input_lists[0], out, "scatter")
             blocks, ins, _ = self._inputs(input_lists[0], allow_donate=False)
@@ -214,9 +255,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
             if input_lists and input_lists[0]:
                 raise ValueError("tpu_dist scatter: only the root passes a scatter_list")
             blocks = [_io.zeros(n, dt)] * self.size()
-            ins = ((n, str(dt)),) * self.size()
+            ins = ((n, dname),) * self.size()
         if n:
-            (flat,) = self._issue(self.mesh(), "scatter", blocks, ins, ((n, str(dt)),),
+            (flat,) = self._issue(self.mesh(), "scatter", blocks, ins, ((n, dname),),
                                   root=root)
             _io.flat_out(out, flat)
         return _work(output_tensors)
@@ -270,41 +311,51 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _work(output_tensors)
 
     # ------------------------------------------------------------ point to point
-    def _pair(self, peer: int) -> C.GroupMesh:
-        me, other = self._ranks[self.rank()], self._ranks[peer]
-        key = (min(me, other), max(me, other))
-        gm = self._p2p.get(key)
-        if gm is None:
-            gm = self._p2p[key] = C.GroupMesh(key, f"{self._group_name}:p2p{key[0]}-{key[1]}")
-        return gm
+    # Each direction between two ranks is its own channel, as gloo's tagged send/recv
+    # are: A's k-th send to B meets B's k-th recv from A, whatever else either side does
+    # meanwhile. A channel is a 2-device mesh ordered (src, dst), so the two directions
+    # get separate XLA communicators and token chains. Sends are issued from a thread per
+    # channel: XLA:CPU runs a program whose inputs are ready inline, in the calling thread,
+    # so a send issued from the main thread could block it before it issues the receive
+    # its peer is waiting for (an exchange where both sides send first).
+    def _channel(self, src: int, dst: int) -> _Channel:
+        key = (self._ranks[src], self._ranks[dst])
+        ch = self._p2p.get(key)
+        if ch is None:
+            ch = self._p2p[key] = _Channel(
+                C.GroupMesh(key, f"{self._group_name}:p2p{key[0]}->{key[1]}"))
+        return ch
 
-    def _p2p_op(self, t, peer: int, sending: bool):
+    def _check_peer(self, peer: int) -> None:
         if peer == self.rank():
             raise ValueError("tpu_dist: a rank cannot send to or receive from itself")
         if not 0 <= peer < self.size():
             raise ValueError(f"tpu_dist: peer rank {peer} is not in the group (size {self.size()})")
-        gm = self._pair(peer)
-        me = self._ranks[self.rank()]
-        src_global = me if sending else self._ranks[peer]
-        src = gm.ranks.index(src_global)
-        buf, ok = _io.flat_in(t)
-        ins = ((t.numel(), str(_io.jax_dtype(t))),)
-        # the receiver's old buffer becomes the received data's memory
-        donate = (0,) if ok and not sending else ()
-        (flat,) = self._issue(gm, "send/recv", [buf], ins, ins, root=src, donate=donate)
-        if not sending:
-            _io.flat_out(t, flat)
 
     def send(self, tensors, dst, tag=0):
         _check_p2p(tensors, "send")
-        if tensors[0].numel():
-            self._p2p_op(tensors[0], dst, True)
+        self._check_peer(dst)
+        t = tensors[0]
+        if t.numel():
+            ch = self._channel(self.rank(), dst)
+            buf, _ = _io.flat_in(t)
+            ins = ((t.numel(), _io.dtype_name(t)),)
+            ch.submit(lambda: self._issue(ch.mesh, "send/recv", [buf], ins, ins, root=0))
         return _work(tensors)
 
     def recv(self, tensors, src, tag=0):
         _check_p2p(tensors, "recv")
-        if tensors[0].numel():
-            self._p2p_op(tensors[0], src, False)
+        self._check_peer(src)
+        t = tensors[0]
+        if t.numel():
+            ch = self._channel(src, self.rank())
+            ch.raise_pending()
+            buf, ok = _io.flat_in(t)
+            ins = ((t.numel(), _io.dtype_name(t)),)
+            # the receiver's old buffer becomes the received data's memory
+            (flat,) = self._issue(ch.mesh, "send/recv", [buf], ins, ins, root=0,
+                                  donate=(0,) if ok else ())
+            _io.flat_out(t, flat)
         return _work(tensors)
 
     def recv_anysource(self, tensors, tag=0):
@@ -316,14 +367,14 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def barrier(self, opts=None):
         gm = self.mesh()
         self._issue(gm, "barrier", [], (), ())
-        C.wait(gm, self._timeout_s, f"barrier on group {gm.name!r}")
+        _watchdog.wait(gm, self._timeout_s, f"barrier on group {gm.name!r}")
         return _work(None)
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         gm = self.mesh()
         self._issue(gm, "barrier", [], (), ())
         t = timeout.total_seconds() if timeout is not None else self._timeout_s
-        C.wait(gm, t, f"monitored_barrier on group {gm.name!r}")
+        _watchdog.wait(gm, t, f"monitored_barrier on group {gm.name!r}")
 
     def _start_coalescing(self, device):
         pass

@@ -1,0 +1,127 @@
+"""What the tpu_dist examples share: small HF Llama/Qwen2 models from configs, a fixed
+global batch, the single-process reference run, and the loss check.
+
+Every example trains the same model from the same initial weights on the same global
+batch; a parallel run must reproduce the losses of one process training on the whole
+batch (`--check` compares them and exits non-zero otherwise).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+VOCAB, SEQ = 128, 16
+
+
+def parse_args(description: str, default_batch: int = 8) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", choices=["llama", "qwen"], default="llama")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--batch", type=int, default=default_batch, help="global batch size")
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--check", action="store_true",
+                   help="compare the losses with a single-process CPU run of the global batch")
+    p.add_argument("--save", default=None, help="torch.save the model state here (rank 0) "
+                                                "after every step")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step")
+    return p.parse_args()
+
+
+def init() -> tuple[int, int]:
+    """Join the job (torchrun's environment, or RANK/WORLD_SIZE/MASTER_* set by hand)."""
+    import torch_tpu  # noqa: F401  (registers the tpu device and the tpu_dist backend)
+    import torch_tpu.distributed  # noqa: F401
+
+    dist.init_process_group("tpu_dist")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def build(kind: str, kv_heads: int = 2) -> torch.nn.Module:
+    """A 2-layer model on CPU with weights fixed by the seed (same on every rank)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=kv_heads,
+              max_position_embeddings=2 * SEQ, attn_implementation="sdpa")
+    if kind == "llama":
+        return LlamaForCausalLM(LlamaConfig(**kw))
+    return Qwen2ForCausalLM(Qwen2Config(**kw))
+
+
+def batches(steps: int, batch: int) -> list:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB, (batch, SEQ), generator=g) for _ in range(steps)]
+
+
+def shard(x: torch.Tensor, index: int, count: int) -> torch.Tensor:
+    """This data-parallel rank's slice of the global batch."""
+    per = x.shape[0] // count
+    return x[index * per:(index + 1) * per]
+
+
+def reference(args, kv_heads: int = 2) -> list:
+    """Losses of one process training on the whole global batch, on CPU."""
+    model = build(args.model, kv_heads)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    out = []
+    for x in batches(args.steps, args.batch):
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+def global_loss(loss: torch.Tensor, group=None) -> float:
+    """The mean of the ranks' losses (each over an equal share of the batch)."""
+    t = loss.detach().clone()
+    dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
+    return t.item()
+
+
+def finish(args, rank: int, losses: list, kv_heads: int = 2, tag: str = "") -> None:
+    """Print the losses; with --check, compare with the reference and exit 1 on mismatch."""
+    print(f"[rank {rank}] {tag} losses: {[round(v, 5) for v in losses]}", flush=True)
+    ok = True
+    if args.check:
+        ref = reference(args, kv_heads)
+        worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, ref))
+        ok = worst <= 2e-3
+        print(f"[rank {rank}] {tag} reference: {[round(v, 5) for v in ref]} "
+              f"max rel diff {worst:.2e} -> {'MATCH' if ok else 'MISMATCH'}", flush=True)
+    dist.destroy_process_group()
+    if not ok:
+        sys.exit(1)
+
+
+def save(model: torch.nn.Module, path: str, step: int) -> None:
+    """Rank 0 writes the full state (host copies) atomically, then says which step."""
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    tmp = path + ".tmp"
+    torch.save({"step": step, "model": state}, tmp)
+    os.replace(tmp, path)
+
+
+def tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
+    """Megatron-style TP on every decoder layer: q/k/v and gate/up projections split by
+    output features (ColwiseParallel), o/down projections by input features
+    (RowwiseParallel) with one all-reduce of their partial outputs. Each rank then holds
+    heads/tp attention heads; HF's attention infers the local head count from shapes."""
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel()}
+    for layer in model.model.layers:
+        parallelize_module(layer, tp_mesh, plan)

@@ -1,0 +1,247 @@
+"""The model-zoo sweep: every model type of transformers' causal-LM, masked-LM,
+sequence-classification, image-classification and base mappings, shrunk to a tiny config
+(shrink.py), with random weights, offline.
+
+Each type is built once, for the first of those tasks it has (in that order). The forward
+runs on CPU, then the same module, moved to tpu, runs it again in the chosen eager mode, and
+the main output (the logits; a base model's last hidden state) is compared. Causal LMs
+also take one backward step of their LM loss on both devices, and every parameter's
+gradient is compared. Failures are recorded with their error class.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import torch
+
+from . import compare, inputs, shrink, tolerances
+from .ops import _SeededOps, classify, time_limit, _Timeout
+
+TASKS = [  # (task, mapping name), in the order a model type's task is chosen
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    ("seq-cls", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    ("image-cls", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("base", "MODEL_MAPPING_NAMES"),
+]
+
+# a shrunk model above this many parameters is not worth its time on CPU
+MAX_PARAMS = 120_000_000
+
+
+def _setup_env() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def model_types() -> dict:
+    """model type -> (task, architecture class name), for every type of the five mappings."""
+    _setup_env()
+    from transformers.models.auto import modeling_auto
+
+    chosen: dict = {}
+    for task, mapping in TASKS:
+        for mt, cls in getattr(modeling_auto, mapping).items():
+            if mt not in chosen:
+                chosen[mt] = (task, cls if isinstance(cls, str) else cls[0])
+    return dict(sorted(chosen.items()))
+
+
+def main_output(out):
+    """The tensor a model's user reads: its logits, or for a base model its hidden state."""
+    for key in ("logits", "last_hidden_state", "prediction_logits", "logits_per_image",
+                "pooler_output", "audio_values", "reconstruction", "image_embeds"):
+        v = getattr(out, key, None) if not isinstance(out, (tuple, dict)) else None
+        if isinstance(v, torch.Tensor):
+            return key, v
+    seq = out.to_tuple() if hasattr(out, "to_tuple") else out
+    for i, v in enumerate(compare.leaves(seq)):
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return f"out[{i}]", v
+    raise TypeError(f"no floating tensor in the output ({type(out).__name__})")
+
+
+def _build(model_type: str, cls_name: str, task: str, level: str):
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = shrink.shrink(CONFIG_MAPPING[model_type](), level)
+    if getattr(config, "pad_token_id", "absent") is None:
+        # batches of 2 need a pad token (sequence classifiers find each row's last token;
+        # ESM masks padding); the inputs never contain it (inputs.ids draws from 3 up)
+        config.pad_token_id = 0
+    cls = getattr(transformers, cls_name)
+    try:  # count on the meta device first: a model too big to build is never built
+        with torch.device("meta"):
+            n = sum(p.numel() for p in cls(config).parameters())
+    except Exception:
+        n = 0
+    if n > MAX_PARAMS:
+        raise MemoryError(f"{n / 1e6:.0f}M parameters after shrinking")
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    n = sum(p.numel() for p in model.parameters())
+    if n > MAX_PARAMS:
+        raise MemoryError(f"{n / 1e6:.0f}M parameters after shrinking")
+    return config, model, n
+
+
+def _forward(model, kwargs, labels: bool):
+    if labels:  # the loss run, for its gradients
+        return model(**kwargs, labels=kwargs["input_ids"])
+    # No autograd graph: one would keep references to the parameters, and moving a module
+    # to tpu swaps each parameter in place, which torch refuses for a referenced tensor.
+    with torch.no_grad():
+        return model(**kwargs)
+
+
+def _run_cpu(model, config, task):
+    """(label, kwargs, output, seeded, loss_grads) of the first input set that runs."""
+    err = None
+    for label, kw in inputs.candidates(model, config):
+        watch = _SeededOps()
+        try:
+            with watch:
+                out = _forward(model, kw, labels=False)
+            main_output(out)
+        except Exception as e:  # the next input set may suit the model better
+            err = err or e  # the most likely input set's error is the one to report
+            continue
+        grads = None
+        if task == "causal-lm" and "input_ids" in kw:
+            try:
+                grads = _loss_grads(model, kw)
+            except Exception:
+                grads = None
+        return label, kw, out, watch.seeded, grads
+    raise err if err is not None else TypeError("no input set fits the forward signature")
+
+
+def _loss_grads(model, kw):
+    model.zero_grad(set_to_none=True)
+    out = _forward(model, kw, labels=True)
+    out.loss.backward()
+    g = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()
+         if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out.loss.detach().cpu(), g
+
+
+def _compare_grads(want, got) -> str | None:
+    (wl, wg), (gl, gg) = want, got
+    rtol, atol = tolerances.MODEL_GRADS
+    r = compare.tensor_close(wl, gl, rtol, atol, "loss")
+    if r:
+        return r
+    if set(wg) != set(gg):
+        missing = sorted(set(wg) ^ set(gg))[:3]
+        return f"gradients for different parameters: {missing}"
+    for name in wg:
+        r = compare.tensor_close(wg[name], gg[name], rtol, atol, f"grad {name}")
+        if r:
+            return r
+    return None
+
+
+def check_model(model_type: str, task: str, cls_name: str, mode: str,
+                timeout: float | None = 600, cpu_only: bool = False, on_tpu=None) -> dict:
+    """{'status': 'pass' | 'mismatch' | 'tpu_error' | 'cpu_fail' | 'timeout', ...};
+    with `cpu_only`, 'cpu_ok' once the CPU side runs (to work on the shrinker)."""
+    import torch_tpu
+
+    res = {"task": task, "arch": cls_name}
+    t0 = time.perf_counter()
+    try:
+        with time_limit(timeout, model_type):
+            errors = []
+            for level in shrink.LEVELS:
+                try:
+                    config, model, n = _build(model_type, cls_name, task, level)
+                    label, kw, out, seeded, grads = _run_cpu(model, config, task)
+                    break
+                except _Timeout:
+                    raise
+                except Exception as e:
+                    errors.append((level, e))
+                    model = None
+            else:
+                level, e = errors[-1]
+                tried = {lv: f"{type(x).__name__}: {_first_line(x)}" for lv, x in errors}
+                return {**res, "status": "cpu_fail", "error": type(e).__name__,
+                        "detail": _first_line(e), "tried": tried, "seconds": _since(t0)}
+            res.update(level=level, params=n, inputs=label, random=seeded)
+            if cpu_only:
+                return {**res, "status": "cpu_ok", "seconds": _since(t0)}
+            key, want = main_output(out)
+            want = want.detach().cpu()
+            if on_tpu is not None:
+                on_tpu()
+            try:
+                with torch_tpu.eager_mode(mode):
+                    model.to("tpu")
+                    kw_t = {k: v.to("tpu") for k, v in kw.items()}
+                    got = main_output(_forward(model, kw_t, labels=False))[1].detach().cpu()
+                    got_grads = _loss_grads(model, kw_t) if grads is not None else None
+            except _Timeout:
+                raise
+            except Exception as e:
+                c = classify(e)
+                return {**res, "status": "tpu_error", "error": type(e).__name__, **c,
+                        "seconds": _since(t0)}
+            if seeded:
+                reason = compare.statistics_close([want], got)
+            else:
+                rtol, atol = tolerances.MODEL_LOGITS
+                reason = compare.tensor_close(want, got, rtol, atol, key)
+            if reason is None and grads is not None and not seeded:
+                reason = _compare_grads(grads, got_grads)
+            res["backward"] = grads is not None
+            if reason:
+                return {**res, "status": "mismatch", "error": "Mismatch", "detail": reason,
+                        "seconds": _since(t0)}
+            return {**res, "status": "pass", "seconds": _since(t0)}
+    except _Timeout as e:
+        return {**res, "status": "timeout", "error": "Timeout", "detail": str(e),
+                "seconds": _since(t0)}
+    finally:
+        model = None
+        gc.collect()
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return (s.splitlines()[0] if s else "")[:200]
+
+
+def _since(t0) -> float:
+    return round(time.perf_counter() - t0, 1)
+
+
+def timm_status() -> str:
+    """Why timm models are or are not in the sweep."""
+    try:
+        import timm  # noqa: F401
+    except Exception as e:
+        return f"not run: `import timm` fails here ({type(e).__name__}: {_first_line(e)})"
+    return "importable"
+
+
+def sweep(types: dict, mode: str, timeout: float | None = 600, progress=None,
+          on_result=None, cpu_only: bool = False) -> dict:
+    """In this process; cli.py runs the same units through worker.run_isolated."""
+    """model type -> verdict, for each (task, class name) of `types`."""
+    _setup_env()
+    results = {}
+    for mt, (task, cls_name) in types.items():
+        if progress is not None:
+            progress.set_postfix_str(mt, refresh=False)
+        r = check_model(mt, task, cls_name, mode, timeout, cpu_only)
+        results[mt] = r
+        if on_result is not None:
+            on_result(mt, r)
+        if progress is not None:
+            progress.update(1)
+    return results

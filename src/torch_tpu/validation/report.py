@@ -1,0 +1,301 @@
+"""The sweeps' results on disk and in docs: the JSON files (merged across chunked runs),
+the markdown reports in docs/VALIDATION.md, the coverage plot, and the generated
+expected-failures file that tests/test_validation.py reads."""
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import pathlib
+
+from ..bench import common
+
+DOCS = common.DOCS
+VALIDATION_MD = DOCS / "VALIDATION.md"
+DATA = DOCS / "validation"
+PLOT = DOCS / "validation_coverage.png"
+EXPECTED_FAILURES = pathlib.Path(__file__).with_name("expected_failures.json")
+
+HEADER = """# Validation
+
+What runs on the `tpu` device, measured by the sweeps themselves
+(`python -m torch_tpu validate ops|models`): PyTorch's OpInfo database and the transformers
+model zoo, each on tpu against CPU eager. Each section names the commands that produced it.
+Here "tpu" is the tpu device running on XLA:CPU. The raw results are in `docs/validation/`.
+
+![coverage](validation_coverage.png)
+"""
+
+OPS_TARGET, MODELS_TARGET, MODELS_CPU_TARGET = 0.95, 0.98, 400
+
+
+def results_path(kind: str, mode: str) -> pathlib.Path:
+    return DATA / f"{kind}-{mode}.json"
+
+
+def load(kind: str, mode: str) -> dict:
+    p = results_path(kind, mode)
+    if p.exists():
+        return json.loads(p.read_text())
+    return {"meta": {"runs": []}, "results": {}}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def save(kind: str, mode: str, data: dict) -> None:
+    p = results_path(kind, mode)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(p)
+
+
+def new_run() -> dict:
+    return {"command": common.command_line(), "started": _now()}
+
+
+def merge(kind: str, mode: str, updates: dict, run: dict) -> dict:
+    """Fold this run's results into the stored ones, under a lock (chunks may run side by
+    side): ops results merge per op and dtype, model results per type. Returns the merged
+    data."""
+    import fcntl
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    with open(DATA / f".{kind}-{mode}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load(kind, mode)
+        for name, r in updates.items():
+            if kind == "ops":
+                data["results"].setdefault(name, {}).update(r)
+            else:
+                data["results"][name] = r
+        if run not in data["meta"]["runs"]:
+            data["meta"]["runs"].append(run)
+        save(kind, mode, data)
+    return data
+
+
+# ---------------------------------------------------------------- ops
+def ops_summary(results: dict, dtypes) -> dict:
+    per = {d: collections.Counter() for d in dtypes}
+    for by_dtype in results.values():
+        for d, r in by_dtype.items():
+            if d in per:
+                per[d][r["status"]] += 1
+    cpu = sum(c["pass"] + c["fail"] for c in per.values())
+    ok = sum(c["pass"] for c in per.values())
+    return {"per_dtype": per, "cpu_pairs": cpu, "tpu_pass": ok,
+            "rate": ok / cpu if cpu else 0.0}
+
+
+def missing_lowerings(results: dict) -> collections.Counter:
+    """aten op -> number of (op, dtype) pairs whose first failure is its missing lowering."""
+    c = collections.Counter()
+    for by_dtype in results.values():
+        for r in by_dtype.values():
+            if r["status"] == "fail" and r.get("aten"):
+                c[r["aten"]] += 1
+    return c
+
+
+def failure_kinds(results: dict) -> collections.Counter:
+    return collections.Counter(r.get("kind", "?") for by in results.values()
+                               for r in by.values() if r["status"] == "fail")
+
+
+def expected_failures(results: dict) -> dict:
+    """op -> dtype -> reason, for every failing pair."""
+    out: dict = {}
+    for name in sorted(results):
+        for d, r in sorted(results[name].items()):
+            if r["status"] == "fail":
+                out.setdefault(name, {})[d] = f"{r.get('kind')}: {r.get('detail', '')}"
+    return out
+
+
+def write_expected_failures(results: dict, path: pathlib.Path = EXPECTED_FAILURES) -> None:
+    body = {"_generated": "by `python -m torch_tpu validate ops` (Strict mode); do not edit by "
+                          "hand, rerun the sweep: op -> dtype -> reason",
+            **expected_failures(results)}
+    path.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+
+
+def load_expected_failures(path: pathlib.Path = EXPECTED_FAILURES) -> dict:
+    if not path.exists():
+        return {}
+    return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+
+
+_CELL = {"pass": "pass", "fail": "**FAIL**", "cpu_fail": "cpu-fail", "unsupported": "·"}
+
+
+def ops_markdown(data: dict, dtypes, mode: str) -> str:
+    results = data["results"]
+    s = ops_summary(results, dtypes)
+    lines = [f"Mode: **{mode}**. {len(results)} OpInfo entries of `op_db`, dtypes "
+             f"{', '.join(dtypes)}; forward on every sample, and gradients under a random "
+             "cotangent for differentiable ops in floating dtypes.",
+             "",
+             f"**{s['tpu_pass']} of {s['cpu_pairs']} op × dtype pairs that run on CPU pass on "
+             f"tpu: {100 * s['rate']:.1f}%** (target ≥ {100 * OPS_TARGET:.0f}%: "
+             f"{'met' if s['rate'] >= OPS_TARGET else 'NOT met'}).", ""]
+    rows = []
+    for d in dtypes:
+        c = s["per_dtype"][d]
+        n = c["pass"] + c["fail"]
+        rows.append([d, n, c["pass"], c["fail"], f"{100 * c['pass'] / n:.1f}%" if n else "-",
+                     c["cpu_fail"], c["unsupported"]])
+    lines += [common.markdown_table(["dtype", "pairs run on CPU", "pass on tpu", "fail on tpu",
+                                     "rate", "no sample runs on CPU", "not a CPU dtype"],
+                                    rows), ""]
+    kinds = failure_kinds(results)
+    if kinds:
+        lines += ["Failures by kind: " + ", ".join(f"{k} {n}" for k, n in kinds.most_common())
+                  + ".", ""]
+    miss = missing_lowerings(results)
+    if miss:
+        lines += ["Missing lowerings (aten op: failing pairs):", "",
+                  common.markdown_table(["aten op", "pairs"],
+                                        [[f"`{k}`", n] for k, n in miss.most_common()]), ""]
+    fails = [[f"`{name}`", d, r.get("kind"), _md(r.get("detail", ""))]
+             for name, by in sorted(results.items()) for d, r in sorted(by.items())
+             if r["status"] == "fail"]
+    if fails:
+        lines += ["<details><summary>Every failing pair, with its reason</summary>", "",
+                  common.markdown_table(["op", "dtype", "kind", "reason"], fails), "",
+                  "</details>", ""]
+    table = [[f"`{name}`"] + [_CELL.get(by.get(d, {}).get("status"), "") for d in dtypes]
+             for name, by in sorted(results.items())]
+    lines += ["<details><summary>Every op</summary>", "",
+              "`·`: CPU does not support the dtype; cpu-fail: no sample runs on CPU.", "",
+              common.markdown_table(["op", *dtypes], table), "", "</details>"]
+    return "\n".join(lines)
+
+
+def _md(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")[:240]
+
+
+# ---------------------------------------------------------------- models
+def models_summary(results: dict) -> dict:
+    st = collections.Counter(r["status"] for r in results.values())
+    cpu = sum(n for k, n in st.items() if k != "cpu_fail")
+    return {"status": st, "types": len(results), "cpu_ran": cpu, "tpu_pass": st["pass"],
+            "rate": st["pass"] / cpu if cpu else 0.0}
+
+
+def model_failure_classes(results: dict, statuses=("tpu_error", "mismatch", "timeout")):
+    c = collections.Counter()
+    for r in results.values():
+        if r["status"] in statuses:
+            c[r.get("detail") if r.get("kind") == "missing_lowering" else r.get("error")] += 1
+    return c
+
+
+def models_markdown(data: dict, mode: str, timm: str) -> str:
+    results = data["results"]
+    s = models_summary(results)
+    st = s["status"]
+    lines = [f"Mode: **{mode}**. {s['types']} model types (transformers' causal-LM, masked-LM, "
+             "sequence-classification, image-classification and base mappings), each shrunk to "
+             "a tiny config with random weights; forward on tpu against CPU with the same "
+             "weights (the logits, or a base model's hidden state), and one backward step of "
+             "the LM loss (every gradient compared) for causal LMs. timm: " + timm + ".", "",
+             f"**{s['cpu_ran']} types run on CPU under the harness** (target ≥ "
+             f"{MODELS_CPU_TARGET}: {'met' if s['cpu_ran'] >= MODELS_CPU_TARGET else 'NOT met'}); "
+             f"**{s['tpu_pass']} of them match on tpu: {100 * s['rate']:.1f}%** (target ≥ "
+             f"{100 * MODELS_TARGET:.0f}%: {'met' if s['rate'] >= MODELS_TARGET else 'NOT met'}).",
+             "", "Status: " + ", ".join(f"{k} {n}" for k, n in st.most_common()) + ".", ""]
+    by_task = collections.defaultdict(collections.Counter)
+    for r in results.values():
+        by_task[r["task"]][r["status"]] += 1
+    rows = [[t, sum(c.values()), sum(c.values()) - c["cpu_fail"], c["pass"],
+             c["tpu_error"] + c["mismatch"] + c["timeout"], c["cpu_fail"]]
+            for t, c in by_task.items()]
+    lines += [common.markdown_table(["task", "types", "run on CPU", "match on tpu",
+                                     "fail on tpu", "fail on CPU"], rows), ""]
+    fc = model_failure_classes(results)
+    if fc:
+        lines += ["tpu failures by class:", "",
+                  common.markdown_table(["class", "types"],
+                                        [[_md(str(k)), n] for k, n in fc.most_common()]), ""]
+    cc = model_failure_classes(results, ("cpu_fail",))
+    if cc:
+        lines += ["Types the harness cannot run on CPU, by error class: " +
+                  ", ".join(f"{k} {n}" for k, n in cc.most_common()) + ".", ""]
+    table = [[f"`{mt}`", r["task"], r["arch"], r.get("level", ""), r.get("inputs", ""),
+              r["status"] + (" (random: statistics)" if r.get("random") else ""),
+              r.get("error", ""), _md(r.get("detail", ""))[:160]]
+             for mt, r in sorted(results.items())]
+    lines += ["<details><summary>Every model type</summary>", "",
+              common.markdown_table(["type", "task", "architecture", "shrink", "inputs",
+                                     "status", "error class", "detail"], table), "",
+              "</details>"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- docs
+def _ensure_header() -> None:
+    if not VALIDATION_MD.exists():
+        VALIDATION_MD.parent.mkdir(parents=True, exist_ok=True)
+        VALIDATION_MD.write_text(HEADER)
+
+
+def write_docs(name: str, title: str, body: str, runs: list) -> None:
+    _ensure_header()
+    cmds = "\n".join(f"- `{r['command']}` ({r['started']})" for r in runs[-40:])
+    body = f"Produced by these runs (chunks merge into one result set):\n\n{cmds}\n\n{body}"
+    common.write_section(name, title, body, path=VALIDATION_MD)
+
+
+def plot(ops_data: dict | None, models_data: dict | None, dtypes) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    ax = axes[0]
+    if ops_data:
+        s = ops_summary(ops_data["results"], dtypes)
+        ran = [s["per_dtype"][d]["pass"] + s["per_dtype"][d]["fail"] for d in dtypes]
+        ok = [s["per_dtype"][d]["pass"] for d in dtypes]
+        ax.bar(dtypes, ran, color="#cccccc", label="run on CPU")
+        ax.bar(dtypes, ok, color="#2a9d8f", label="pass on tpu")
+        for i, (a, b) in enumerate(zip(ok, ran)):
+            ax.text(i, a, f"{100 * a / b:.0f}%" if b else "", ha="center", va="bottom")
+        ax.set_title(f"OpInfo op × dtype pairs: {100 * s['rate']:.1f}% pass")
+        ax.legend(fontsize=8)
+    ax = axes[1]
+    if models_data:
+        res = models_data["results"]
+        tasks = [t for t, _ in _tasks() if any(r["task"] == t for r in res.values())]
+        stat = {t: collections.Counter(r["status"] for r in res.values() if r["task"] == t)
+                for t in tasks}
+        bottom = [0] * len(tasks)
+        for key, color, label in [("pass", "#2a9d8f", "match on tpu"),
+                                  ("fail", "#e76f51", "fail on tpu"),
+                                  ("cpu_fail", "#cccccc", "harness fails on CPU")]:
+            vals = [stat[t]["pass"] if key == "pass" else stat[t]["cpu_fail"] if
+                    key == "cpu_fail" else sum(stat[t].values()) - stat[t]["pass"] -
+                    stat[t]["cpu_fail"] for t in tasks]
+            ax.bar(tasks, vals, bottom=bottom, color=color, label=label)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        s = models_summary(res)
+        ax.set_title(f"transformers model types: {s['tpu_pass']}/{s['cpu_ran']} match "
+                     f"({s['types']} types)")
+        ax.legend(fontsize=8)
+    for ax in axes:
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    PLOT.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT, dpi=100)
+    plt.close(fig)
+
+
+def _tasks():
+    from .models import TASKS
+
+    return TASKS

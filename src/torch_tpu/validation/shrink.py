@@ -1,0 +1,244 @@
+"""The generic config shrinker of the model sweep: any transformers config, made tiny.
+
+It works on the config's dict (sub-configs are nested dicts) and rebuilds the config from
+it, so whatever `__init__` derives from the sizes is derived again. Three levels, tried
+in order until the model runs on CPU (models.py does the trying):
+
+- "tiny": every size field set to one small shape (width 64, 4 heads of 16, 2 layers,
+  FFN 128, 4 experts choosing 2), which the attention code's divisibility rules accept;
+- "tiny64": the same with 2 heads of 64 at width 128, for code that hard-codes a rotary
+  split of a 64-wide head (multimodal RoPE sections, fixed rotary dims);
+- "scaled": width fields divided by one common factor (up to 16), head counts kept, so
+  every ratio and divisibility the architecture relies on survives; 2 layers;
+- "layers": only the depth fields (2 layers, 1 block a stage) and expert counts.
+
+Vocabularies, image and audio geometry, and special-token ids are left alone: multimodal
+models put their special tokens at the top of the vocabulary and check image/patch
+arithmetic, and neither costs much at 2 layers.
+"""
+from __future__ import annotations
+
+import copy
+import re
+
+LEVELS = ("tiny", "tiny64", "scaled", "layers")
+
+_LAYERS = re.compile(r"^(num_hidden_layers|num_layers|n_layers?|encoder_layers|decoder_layers|"
+                     r"num_encoder_layers|num_decoder_layers|depth|decoder_num_layers|"
+                     r"num_hidden_blocks|text_layers|vision_layers|num_blocks|"
+                     r"memory_attention_num_layers|memory_fuser_num_layers|resampler_depth|"
+                     r"num_lstm_layers|decoder_depth|encoder_depth|num_adapter_layers)$")
+_DEPTH_LISTS = re.compile(r"^(depths|blocks_per_stage|stage_num_blocks|"
+                          r"stage_numb_of_layers|num_res_blocks|layers)$")
+_WIDTH = re.compile(r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|dim|hidden_dim|"
+                    r"embedding_size|embedding_dim|model_dim|d_embed|word_embed_proj_dim|"
+                    r"projection_dim|proj_dim|text_embed_dim|vision_embed_dim|"
+                    r"encoder_hidden_size|decoder_hidden_size|text_hidden_size|"
+                    r"out_hidden_size|projector_hidden_size|output_hidden_size|d_inner|"
+                    r"hidden_sizes|embed_dims|dims|embed_dim_per_stage|conv_dim|"
+                    r"decoder_hidden_dim|encoder_hidden_dim|query_dim|latent_dim|"
+                    r"vision_hidden_size|audio_hidden_size|hidden_size_per_layer_input|codebook_dim|emb_dim)$")
+_FFN = re.compile(r"(intermediate_size|ffn_dim|^d_ff$|^n_inner$|mlp_dim|ffn_hidden_size|"
+                  r"dim_feedforward|^linear_units$|decoder_intermediate_size)")
+_HEAD_DIM = re.compile(r"^(head_dim|kv_channels|d_kv|attention_head_dim|qk_nope_head_dim|"
+                       r"qk_rope_head_dim|v_head_dim|dim_head|linear_key_head_dim|"
+                       r"linear_value_head_dim|index_head_dim|swa_head_dim|mamba_d_head|"
+                       r"linear_head_dim|attention_head_size|rotary_dim)$")
+_LORA = re.compile(r"^(kv_lora_rank|q_lora_rank)$")
+_HEADS = re.compile(r"^(num_attention_heads|n_head|num_heads|encoder_attention_heads|"
+                    r"decoder_attention_heads|n_heads|attention_heads|"
+                    r"decoder_num_attention_heads|swa_num_attention_heads|index_n_heads|"
+                    r"linear_num_value_heads|linear_num_heads|mamba_n_heads)$")
+_KV_HEADS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num|"
+                       r"swa_num_key_value_heads|linear_num_key_heads)$")
+_EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
+_TOPK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|moe_k)$")
+# lists of layer indices: kept where they still name a layer
+_LAYER_INDEX_LISTS = re.compile(r"^(global_attn_indexes|deepstack_visual_indexes|"
+                                r"fullatt_block_indexes|mlp_only_layers|no_rope_layers|"
+                                r"full_attn_idxs|attn_layer_indices|intermediate_layers_indices)$")
+
+TINY = dict(width=64, ffn=128, head_dim=16, heads=4, kv_heads=2, layers=2, experts=4, topk=2,
+            lora=32)
+TINY64 = dict(TINY, width=128, ffn=256, head_dim=64, heads=2, kv_heads=1, lora=64)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_list(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(_is_int(x) for x in v)
+
+
+def _old_layers(d: dict):
+    for k, v in d.items():
+        if _LAYERS.match(k) and _is_int(v):
+            return v
+    return None
+
+
+def _index_keyed(v) -> bool:
+    """A dict of per-layer settings keyed by layer index ({"05": {...}})."""
+    return (isinstance(v, dict) and bool(v) and
+            all(isinstance(k, int) or (isinstance(k, str) and k.isdigit()) for k in v))
+
+
+def _per_layer_indices(d: dict, old: int, n: int) -> list[int]:
+    """The layers to keep: the first `n`, plus the first layer of every kind that a
+    per-layer list (layer_types and the like) or per-layer dict names, so a hybrid model
+    keeps each kind."""
+    keep = set(range(n))
+    for k, v in d.items():
+        if _index_keyed(v):
+            keep.add(min(int(i) for i in v))
+        if isinstance(v, list) and len(v) == old and not _DEPTH_LISTS.match(k):
+            try:
+                firsts = {}
+                for i, x in enumerate(v):
+                    firsts.setdefault(x, i)
+            except TypeError:  # unhashable entries (dicts of per-layer settings)
+                continue
+            if len(firsts) <= 8:
+                keep |= set(firsts.values())
+    return sorted(keep)
+
+
+def _layers(d: dict, n: int) -> None:
+    """Depth fields to `n` (more for a hybrid), and the per-layer lists that follow them."""
+    old = _old_layers(d)
+    keep = _per_layer_indices(d, old, n) if old is not None and old > n else None
+    for k, v in list(d.items()):
+        if _LAYERS.match(k) and _is_int(v) and v > n:
+            d[k] = len(keep) if keep is not None and v == old else n
+        elif _DEPTH_LISTS.match(k) and _int_list(v):
+            d[k] = [min(x, 1) for x in v]
+        elif _LAYER_INDEX_LISTS.match(k) and _int_list(v):
+            m = len(keep) if keep is not None else n
+            remap = {old_i: new_i for new_i, old_i in enumerate(keep)} if keep else {}
+            kept = [remap.get(x, x) for x in v if x in remap or (not keep and x < m)]
+            d[k] = kept or [m - 1]
+        elif keep is not None and isinstance(v, list) and len(v) == old:
+            d[k] = [v[i] for i in keep]  # layer_types, attention_window, block_configs, ...
+        elif keep is not None and _index_keyed(v):
+            new = {old_i: new_i for new_i, old_i in enumerate(keep)}
+            d[k] = {str(new[int(i)]): x for i, x in v.items() if int(i) in new}
+    if old is not None and old > n or any(_DEPTH_LISTS.match(k) for k in d):
+        # backbone configs derive these from the depth: let __init__ derive them again
+        for k in ("out_features", "out_indices", "stage_names"):
+            d.pop(k, None)
+    if _is_int(d.get("first_k_dense_replace")):
+        d["first_k_dense_replace"] = min(d["first_k_dense_replace"], 1)
+    if _is_int(d.get("num_kv_shared_layers")):
+        d["num_kv_shared_layers"] = 0
+    if _is_int(d.get("vision_feature_layer")) and d["vision_feature_layer"] >= n:
+        d["vision_feature_layer"] = -1
+    if _is_int(d.get("max_window_layers")):
+        d["max_window_layers"] = min(d["max_window_layers"], n)
+
+
+def _experts(d: dict) -> None:
+    if (any(_EXPERTS.match(k) for k in d) and any(_TOPK.match(k) for k in d) and
+            all(d[k] is None for k in d if _TOPK.match(k))):
+        # a default config that leaves the routing to the checkpoint: route 2 of 4 experts
+        for k in d:
+            if _TOPK.match(k):
+                d[k] = TINY["topk"]
+            elif _EXPERTS.match(k) and d[k] is None:
+                d[k] = TINY["experts"]
+        if "n_shared_experts" in d and d["n_shared_experts"] is None:
+            d["n_shared_experts"] = 1
+    for k, v in list(d.items()):
+        if _EXPERTS.match(k) and _is_int(v) and v > TINY["experts"]:
+            d[k] = TINY["experts"]
+        elif _TOPK.match(k) and _is_int(v) and v > TINY["topk"]:
+            d[k] = TINY["topk"]
+    for k in ("n_group", "topk_group"):
+        if _is_int(d.get(k)):
+            d[k] = 1
+    if _is_int(d.get("n_shared_experts")):
+        d["n_shared_experts"] = min(d["n_shared_experts"], 1)
+
+
+def _tiny(d: dict, size: dict) -> None:
+    heads = None
+    for k, v in list(d.items()):
+        if _HEADS.match(k) and _is_int(v):
+            heads = v if heads is None else heads
+            d[k] = min(v, size["heads"])
+    for k, v in list(d.items()):
+        if _WIDTH.match(k):
+            if _is_int(v) and v > size["width"]:
+                d[k] = size["width"]
+            elif _int_list(v):
+                d[k] = [min(x, size["width"] * 2 ** i) for i, x in enumerate(v)]
+        elif _FFN.search(k) and _is_int(v) and v > size["ffn"]:
+            d[k] = size["ffn"]
+        elif _HEAD_DIM.match(k) and _is_int(v) and v > size["head_dim"]:
+            d[k] = size["head_dim"]
+        elif _LORA.match(k) and _is_int(v) and v > size["lora"]:
+            d[k] = size["lora"]
+        elif _KV_HEADS.match(k) and _is_int(v):
+            # multi-head stays multi-head; grouped-query stays grouped
+            d[k] = size["heads"] if heads is not None and v >= heads else min(v, size["kv_heads"])
+    if _is_int(d.get("qk_head_dim")) and _is_int(d.get("qk_nope_head_dim")):
+        d["qk_head_dim"] = d["qk_nope_head_dim"] + (d.get("qk_rope_head_dim") or 0)
+
+
+def _scale_factor(d: dict) -> int:
+    vals = []
+    for k, v in d.items():
+        if _WIDTH.match(k) or _FFN.search(k) or _HEAD_DIM.match(k) or _LORA.match(k):
+            vals += [v] if _is_int(v) else (v if _int_list(v) else [])
+    vals = [v for v in vals if v > 0]
+    f = 16
+    while f > 1 and not all(v % f == 0 and v // f >= 4 for v in vals):
+        f //= 2
+    return f
+
+
+def _scaled(d: dict) -> None:
+    f = _scale_factor(d)
+    for k, v in list(d.items()):
+        if _WIDTH.match(k) or _FFN.search(k) or _HEAD_DIM.match(k) or _LORA.match(k):
+            if _is_int(v) and v > 0:
+                d[k] = v // f
+            elif _int_list(v):
+                d[k] = [x // f for x in v]
+
+
+def _walk(d: dict, level: str) -> None:
+    for v in d.values():
+        if isinstance(v, dict):
+            _walk(v, level)
+    if not all(isinstance(k, str) for k in d):
+        return  # id2label and the like: data, not a config
+    _layers(d, TINY["layers"])
+    _experts(d)
+    if _is_int(d.get("image_size")) and d["image_size"] > 224 and level != "layers":
+        d["image_size"] = 224  # cost grows with its square; 224 divides by 7, 14, 16 and 32
+    if "vocab_size" in d and d["vocab_size"] is None and _old_layers(d) is not None:
+        d["vocab_size"] = 1000  # left to the tokenizer (ESM): any vocabulary will do
+    if level == "tiny":
+        _tiny(d, TINY)
+    elif level == "tiny64":
+        _tiny(d, TINY64)
+    elif level == "scaled":
+        _scaled(d)
+
+
+def shrink_dict(d: dict, level: str) -> dict:
+    """A shrunk copy of a config dict."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown shrink level {level!r}")
+    d = copy.deepcopy(d)
+    _walk(d, level)
+    return d
+
+
+def shrink(config, level: str):
+    """A new config of the same class with every size field shrunk at `level`."""
+    d = shrink_dict(config.to_dict(), level)
+    for k in ("transformers_version", "architectures", "_name_or_path"):
+        d.pop(k, None)
+    return type(config).from_dict(d)
