@@ -221,6 +221,25 @@ def test_rng_reproducible_with_manual_seed():
     torch.testing.assert_close(a, f(x).cpu())
 
 
+def test_compiled_graphs_inside_defer_and_fuse():
+    """Deferred eager work feeding a compiled graph runs first; the graph's outputs then
+    flow back into deferred eager ops."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    ref, dev = copy.deepcopy(net), copy.deepcopy(net).to("tpu")
+    fwd = _compiled(dev)
+    g = torch.Generator().manual_seed(0)
+    with torch_tpu.eager_mode("defer_and_fuse"):
+        for _ in range(2):
+            x = torch.randn(4, 8, generator=g)
+            got = fwd(x.to("tpu") * 2 + 1).square().mean()
+            got.backward()
+            want = ref(x * 2 + 1).square().mean()
+            want.backward()
+            torch.testing.assert_close(got.cpu(), want.detach())
+    torch.testing.assert_close(dev[0].weight.grad.cpu(), ref[0].weight.grad)
+
+
 def test_graph_break_falls_back_to_eager():
     def f(x):
         y = x.sin() * 2

@@ -417,3 +417,10 @@ def test_cdist(p, mode):
     "lowering cannot see; _linalg_det factors A^T, correct for contiguous A only"))
 def test_det_backward_of_non_contiguous_input():
     grads_match(lambda a: torch.linalg.det(a.mT), sample(torch.float32, (4, 4)), tol=1e-3)
+
+
+@pytest.mark.parametrize("kw", [{}, {"bins": 8, "min": 0, "max": 7}, {"bins": 4, "min": -1, "max": 1}])
+def test_histc_matches_cpu(kw):
+    torch.manual_seed(0)
+    x = torch.randint(0, 8, (64,)).float() if kw.get("max") == 7 else torch.randn(64)
+    assert torch.equal(torch.histc(x.to("tpu"), **kw).cpu(), torch.histc(x, **kw))

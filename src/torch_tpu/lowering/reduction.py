@@ -426,3 +426,22 @@ def _mode(self, dim=-1, keepdim=False):
     run_start = lax.cummax(jnp.where(same_as_prev, 0, pos), axis=axis)
     best = jnp.argmax(pos - run_start, axis=axis, keepdims=True)
     return _select_sorted(values, idx, best, axis, keepdim)
+
+
+@lowering(aten.histc.default)
+def _histc(self, bins=100, min=0, max=0):
+    """torch.histc: equal-width bins over [min, max]; min == max == 0 means the data's range,
+    and an empty range widens by 1 on each side, as torch's CPU kernel does. MoE routers
+    (Mixtral) count tokens per expert with it."""
+    x = jnp.ravel(self)
+    ct = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+    x = x.astype(ct)
+    use_data = (min == 0) & (max == 0)
+    lo = jnp.where(use_data, jnp.min(x, initial=jnp.inf), min).astype(ct)
+    hi = jnp.where(use_data, jnp.max(x, initial=-jnp.inf), max).astype(ct)
+    empty = lo == hi
+    lo, hi = jnp.where(empty, lo - 1, lo), jnp.where(empty, hi + 1, hi)
+    pos = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
+    pos = jnp.where(x == hi, bins - 1, pos)
+    inside = (x >= lo) & (x <= hi)
+    return jnp.zeros((bins,), ct).at[jnp.where(inside, pos, bins)].add(1, mode="drop")

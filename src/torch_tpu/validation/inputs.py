@@ -62,55 +62,74 @@ def _pixels(config, g, batch=BATCH):
     return torch.randn(batch, c, h, w, generator=g)
 
 
+def _audio(config, g) -> list[tuple[str, dict]]:
+    out = [("audio", {"input_values": torch.randn(BATCH, 4000, generator=g)})]
+    mel = _get(config, "num_mel_bins", default=None)
+    if isinstance(mel, int):  # a spectrogram: (batch, frames, mel bins)
+        t = int(_get(config, "max_length", default=128))
+        out.insert(0, ("spectrogram", {"input_values": torch.randn(BATCH, t, mel, generator=g)}))
+    out.append(("audio-1ch", {"input_values": torch.randn(BATCH, 1, 4000, generator=g)}))
+    return out
+
+
+def _features(config, g) -> list[tuple[str, dict]]:
+    ac = _sub(config, "audio_config", "encoder_config", "encoder")
+    f = int(_get(ac, "num_mel_bins", "feature_size", "input_feat_per_channel", "input_dim",
+                 default=80))
+    src = _get(ac, "max_source_positions", default=None)
+    t = 2 * int(src) if isinstance(src, int) and src <= 4096 else 64
+    return [("features", {"input_features": torch.randn(BATCH, f, t, generator=g)}),
+            ("features-T", {"input_features": torch.randn(BATCH, 64, f, generator=g)}),
+            # a spectrogram as a 1-channel image (CLAP)
+            ("features-4d", {"input_features": torch.randn(BATCH, 1, 64, f, generator=g)})]
+
+
+def _text(config, g, params) -> list[tuple[str, dict]]:
+    text = {"input_ids": ids(config, g)}
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        text["decoder_input_ids"] = ids(config, g)
+    if "bbox" in params:  # layout models: one box per token
+        text["bbox"] = torch.tensor([0, 0, 10, 10]).expand(BATCH, SEQ, 4).contiguous()
+    out = [("ids", text)]
+    if "attention_mask" in params:
+        out.append(("ids+mask", {**text, "attention_mask": torch.ones_like(text["input_ids"])}))
+    eos = _get(_text_config(config), "eos_token_id") or _get(config, "eos_token_id")
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    if isinstance(eos, int) and 0 <= eos < _vocab(config):
+        # sequence classifiers of the BART family read the state at each row's <eos>
+        with_eos = dict(text, input_ids=text["input_ids"].clone())
+        with_eos["input_ids"][:, -1] = eos
+        out.append(("ids+eos", with_eos))
+    return out
+
+
+_MODALITIES = {"input_ids": ("ids", _text), "pixel_values": ("pixels", None),
+               "input_features": ("features", _features), "input_values": ("audio", _audio)}
+
+
 def candidates(model, config, seed: int = 0) -> list[tuple[str, dict]]:
-    """(label, kwargs) input sets for `model.forward`, the most likely first."""
+    """(label, kwargs) input sets for `model.forward`, the most likely first: the main
+    input alone, then with each other modality the forward takes (a CLIP-like model needs
+    ids and pixels), then each other modality alone."""
     g = torch.Generator().manual_seed(seed)
     params = inspect.signature(model.forward).parameters
     main = getattr(model, "main_input_name", "input_ids")
+    variants = {}
+    for arg, (_, make) in _MODALITIES.items():
+        if arg in params:
+            if arg == "pixel_values":
+                variants[arg] = [("pixels", {"pixel_values": _pixels(config, g)})]
+            elif arg == "input_ids":
+                variants[arg] = make(config, g, params)
+            else:
+                variants[arg] = make(config, g)
+    order = ([main] if main in variants else []) + [a for a in variants if a != main]
     out: list[tuple[str, dict]] = []
-    text = {}
-    if "input_ids" in params:
-        text["input_ids"] = ids(config, g)
-        if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
-            text["decoder_input_ids"] = ids(config, g)
-    if main == "pixel_values" or (main not in params and "pixel_values" in params):
-        px = {"pixel_values": _pixels(config, g)}
-        out.append(("pixels", px))
-        if text:
-            out.append(("ids+pixels", {**text, **px}))
-    elif main == "input_values":
-        out.append(("audio", {"input_values": torch.randn(BATCH, 4000, generator=g)}))
-        mel = _get(config, "num_mel_bins", default=None)
-        if isinstance(mel, int):  # a spectrogram: (batch, frames, mel bins)
-            t = int(_get(config, "max_length", default=128))
-            out.insert(0, ("spectrogram", {"input_values": torch.randn(BATCH, t, mel, generator=g)}))
-        out.append(("audio-1ch", {"input_values": torch.randn(BATCH, 1, 4000, generator=g)}))
-    elif main == "input_features":
-        ac = _sub(config, "audio_config", "encoder_config", "encoder")
-        f = int(_get(ac, "num_mel_bins", "feature_size", "input_feat_per_channel",
-                     "input_dim", default=80))
-        src = _get(ac, "max_source_positions", default=None)
-        t = 2 * int(src) if isinstance(src, int) and src <= 4096 else 64
-        feats = {"input_features": torch.randn(BATCH, f, t, generator=g)}
-        out.append(("features", {**feats, **text}))
-        out.append(("features-T", {"input_features": torch.randn(BATCH, 64, f, generator=g),
-                                   **text}))
-    if text and "pixel_values" in params and main != "pixel_values":
-        out.append(("ids+pixels", {**text, "pixel_values": _pixels(config, g)}))
-    if text and "bbox" in params:  # layout models: one box per token
-        text["bbox"] = torch.tensor([0, 0, 10, 10]).expand(BATCH, SEQ, 4).contiguous()
-    if text:
-        out.append(("ids", dict(text)))
-        if "attention_mask" in params:
-            out.append(("ids+mask", {**text, "attention_mask": torch.ones_like(text["input_ids"])}))
-        eos = _get(_text_config(config), "eos_token_id") or _get(config, "eos_token_id")
-        eos = eos[0] if isinstance(eos, list) and eos else eos
-        if isinstance(eos, int) and 0 <= eos < _vocab(config):
-            # sequence classifiers of the BART family read the state at each row's <eos>
-            with_eos = {k: v.clone() for k, v in text.items()}
-            for v in with_eos.values():
-                v[:, -1] = eos
-            out.append(("ids+eos", with_eos))
-    if not out and "pixel_values" in params:
-        out.append(("pixels", {"pixel_values": _pixels(config, g)}))
+    for i, arg in enumerate(order):
+        for j, (label, kw) in enumerate(variants[arg]):
+            out.append((label, kw))
+            if i == 0:  # the main input's first form with every form of the others
+                for other in order[1:]:
+                    for olabel, okw in variants[other][:None if j == 0 else 1]:
+                        out.append((f"{label}+{olabel}", {**kw, **okw}))
     return out
