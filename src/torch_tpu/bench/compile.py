@@ -355,9 +355,13 @@ def main(args) -> int:
 
     tpu_compile.register()
 
-    # cold first steps: a fresh, empty persistent cache for this run
+    # cold first steps: a fresh, empty persistent cache for this run, and none of
+    # inductor's on-disk caches (FX graph, AOTAutograd), which outlive processes
     tmp = tempfile.TemporaryDirectory(prefix="torch_tpu_bench_cache_")
     _cache.setup(tmp.name)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.force_disable_caches = True
     workloads = [TRAIN, INFER] if args.workload == "both" else [args.workload]
     results = {}
     with common.progress(args.rounds * len(workloads), "bench compile") as bar:
