@@ -4,8 +4,10 @@ and the mp.spawn launcher. Every job is bounded (loops and launcher timeouts), o
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
 import time
 
 import pytest
@@ -221,8 +223,44 @@ def test_mp_spawn_launch():
     assert job.results[0] == {"sum": [3.0, 3.0, 3.0], "grad": [[2.0] * 4, [2.0] * 4]}, job.results
 
 
+def _worker_early():
+    """Under torchrun: the tpu device is used before init_process_group. `_runtime` calls
+    `before_backend()` as the backend starts (called here directly too, in case this tree's
+    _runtime does not yet), which joins JAX's runtime through the agent's store."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_tpu.distributed  # noqa: F401
+    from torch_tpu.distributed import _bootstrap
+
+    _bootstrap.before_backend()
+    x = torch.ones(3, device="tpu") * (int(os.environ["RANK"]) + 1)
+    dist.init_process_group("tpu_dist")
+    dist.all_reduce(x)
+    report({"sum": x.cpu().tolist()})
+
+
+def test_torchrun_device_used_before_init():
+    import subprocess
+
+    from test_distributed import SRC, free_port
+
+    out_dir = tempfile.mkdtemp(prefix="tpu_dist_early_")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
+               TPU_DIST_TEST_OUT=out_dir, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", __file__,
+           "--worker", "early"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    for rank in range(2):
+        with open(os.path.join(out_dir, f"result{rank}.json")) as f:
+            assert json.load(f) == {"sum": [3.0, 3.0, 3.0]}
+
+
 if __name__ == "__main__" and "--worker" in sys.argv:
     sys.path.insert(0, HERE)
     scenario = sys.argv[sys.argv.index("--worker") + 1]
     {"train": _worker_train, "mismatch": _worker_mismatch, "mismatch_raise": _worker_mismatch_raise,
-     "hang": _worker_hang, "alone": _worker_alone, "spawn": _worker_spawn}[scenario]()
+     "hang": _worker_hang, "alone": _worker_alone, "spawn": _worker_spawn,
+     "early": _worker_early}[scenario]()

@@ -417,6 +417,24 @@ def test_foreach_is_one_program():
     assert metrics.counters.get("cache_misses", 0) == 0
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "debug"])
+def test_foreach_inplace_into_views_of_one_storage(mode):
+    """FSDP2 copies every parameter shard into slices of one flat buffer with one
+    _foreach_copy_: each write must survive the others (they share the storage)."""
+    import torch_tpu
+
+    def run(device):
+        flat = torch.zeros(12, device=device)
+        dsts = torch.split(flat[2:], [6, 4])
+        srcs = [torch.arange(6.0, device=device), torch.arange(10.0, 14.0, device=device)]
+        torch._foreach_copy_(list(dsts), srcs)
+        torch._foreach_mul_([flat[:2], flat[2:5], flat[8:]], [3.0, 2.0, -1.0])
+        return flat.cpu()
+
+    with torch_tpu.eager_mode(mode):
+        torch.testing.assert_close(run("tpu"), run("cpu"))
+
+
 # ---------------------------------------------------------------- optimizers (default foreach path)
 def _params_and_grads(dtype, steps):
     g = torch.Generator().manual_seed(0)

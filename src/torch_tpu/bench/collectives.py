@@ -58,8 +58,7 @@ def _calls_per_sample(nbytes: int) -> int:
     return max(1, min(50, (8 << 20) // max(nbytes, 1)))
 
 
-def _worker(rank: int, world: int, port: int, sizes, rounds: int, out_path: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, sizes, rounds: int, out_path: str) -> None:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -68,7 +67,7 @@ def _worker(rank: int, world: int, port: int, sizes, rounds: int, out_path: str)
     import torch_tpu.distributed  # noqa: F401
     from torch_tpu import _storage
 
-    dist.init_process_group("tpu_dist", rank=rank, world_size=world)
+    dist.init_process_group("tpu_dist")
     gloo = dist.new_group(backend="gloo")
     plain = _plain_psum(dist.group.WORLD)
 
@@ -194,15 +193,29 @@ def _table(data) -> tuple[str, list[str]]:
     return common.markdown_table(header, rows), verdicts
 
 
-def main(args) -> int:
-    import torch.multiprocessing as mp
+def _launch(nproc: int, sizes, rounds: int, out: str) -> None:
+    """Start the ranks as torchrun does (fresh interpreters, env:// rendezvous)."""
+    import subprocess
 
+    port = _free_port()
+    procs = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        cmd = [sys.executable, "-m", "torch_tpu.bench.collectives", "--worker",
+               json.dumps({"sizes": sizes, "rounds": rounds, "out": out})]
+        procs.append(subprocess.Popen(cmd, env=env))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise RuntimeError(f"collectives bench: ranks exited with {codes}")
+
+
+def main(args) -> int:
     sizes = [_parse_size(s) for s in args.sizes.split(",") if s.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.json")
         t0 = time.time()
-        mp.spawn(_worker, args=(args.nproc, _free_port(), sizes, args.rounds, out),
-                 nprocs=args.nproc, join=True)
+        _launch(args.nproc, sizes, args.rounds, out)
         with open(out) as f:
             data = json.load(f)
     table, verdicts = _table(data)
@@ -218,3 +231,9 @@ def main(args) -> int:
         common.write_section("collectives", "Collectives: tpu_dist vs gloo", body)
         print(f"\nwrote {common.PERFORMANCE_MD}", file=sys.stderr)
     return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    cfg = json.loads(sys.argv[2])
+    _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), cfg["sizes"],
+            cfg["rounds"], cfg["out"])

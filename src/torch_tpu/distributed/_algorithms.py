@@ -7,8 +7,8 @@ torch's gloo backend on the same machine:
     trip instead of a ring's two, the same bytes (n per rank), and an add XLA fuses. For
     power-of-two groups of up to 4 it stays ahead; bigger groups take `psum`, whose ring
     moves fewer bytes.
-  - native `all_gather` has a fixed cost of several ms below ~1 MB; a ring of `ppermute`s
-    into a preallocated output is cheap there. From 1 MB the native op is as fast or
+  - native `all_gather` has a fixed cost of several ms up to ~1 MB; a ring of `ppermute`s
+    into a preallocated output is cheap there. From a few MB the native op is as fast or
     faster.
   - every member ends with bitwise-identical results: each round combines the same two
     values on both sides, and IEEE add/min/max/mul are commutative.
@@ -25,7 +25,7 @@ AXIS = "g"
 SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM = range(9)
 
 DOUBLING_MAX_SIZE = 4          # recursive doubling for power-of-two groups up to this
-RING_GATHER_MAX_BYTES = 1 << 20  # ppermute ring all_gather below this output size
+RING_GATHER_MAX_BYTES = 2 << 20  # ppermute ring all_gather below this output size
 
 
 def _i(v):

@@ -14,6 +14,7 @@ prints the message and lets the error surface at the next read.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import threading
@@ -38,10 +39,12 @@ class _Entry:
         self.t0, self.what, self.timeout = time.monotonic(), what, timeout
 
     def issued(self) -> None:
-        self.token, self.rows = local(self.gm.token), local(self.gm.rows)
+        rows = self.gm.rows
+        self.token, self.rows = local(self.gm.token), None if rows is None else local(rows)
 
 
-_pending: collections.deque = collections.deque()
+# group mesh id -> its in-flight programs, oldest first (a group's programs finish in order)
+_chains: dict = {}
 _lock = threading.Lock()
 _thread = [None]
 _reported = [False]
@@ -55,7 +58,10 @@ def begin(gm, what, timeout: float) -> _Entry:
     description (built only when reporting)."""
     entry = _Entry(gm, what, timeout)
     with _lock:
-        _pending.append(entry)
+        chain = _chains.get(id(gm))
+        if chain is None:
+            chain = _chains[id(gm)] = collections.deque()
+        chain.append(entry)
     if _thread[0] is None:
         _start()
     return entry
@@ -64,9 +70,12 @@ def begin(gm, what, timeout: float) -> _Entry:
 def cancel(entry) -> None:
     with _lock:
         try:
-            _pending.remove(entry)
-        except ValueError:
+            _chains[id(entry.gm)].remove(entry)
+        except (KeyError, ValueError):
             pass
+
+
+_stop = threading.Event()
 
 
 def _start() -> None:
@@ -76,11 +85,21 @@ def _start() -> None:
         t = threading.Thread(target=_loop, name="tpu_dist-watchdog", daemon=True)
         _thread[0] = t
     t.start()
+    # Stop before the interpreter finalizes: a daemon thread caught inside a JAX call
+    # then is ended with a forced unwind through C++ frames, which aborts the process.
+    atexit.register(_shutdown)
+
+
+def _shutdown() -> None:
+    _stop.set()
+    t = _thread[0]
+    if t is not None and t is not threading.current_thread():
+        t.join(timeout=2 * _POLL_S + 1.0)
 
 
 def pending() -> int:
     with _lock:
-        return len(_pending)
+        return sum(len(c) for c in _chains.values())
 
 
 def _verdict(entry) -> str | None:
@@ -92,39 +111,36 @@ def _verdict(entry) -> str | None:
         return f"failed: {explain(str(e))}"
     if value >= 0:
         return None
+    if entry.rows is None:
+        return ""
     msg = mismatch_message(entry.name, entry.ranks, np.asarray(entry.rows))
     return msg or ""
 
 
 def _loop() -> None:
-    while True:
-        time.sleep(_POLL_S)
+    # Each poll looks at every entry once when it finishes (is_ready, no host transfer)
+    # and reads one token per group: the GIL is held for microseconds, not in proportion
+    # to the number of collectives in flight.
+    while not _stop.wait(_POLL_S):
         with _lock:
-            entries = list(_pending)
+            chains = [c for c in _chains.values() if c]
         now = time.monotonic()
-        ready: dict = {}
-        finished = set()
-        for entry in entries:
-            if entry.token is not None and entry.token.is_ready():
-                ready.setdefault((entry.ranks, entry.name), []).append(entry)
-                finished.add(id(entry))
-            elif now - entry.t0 > entry.timeout:
-                _report(entry, f"did not complete within the timeout of {entry.timeout:.0f} s "
-                               "(init_process_group(timeout=...)): a rank is hung, stopped, "
-                               "or never issued the matching collective")
-        # A group's tokens form a chain: a failure or refusal poisons every later token, so
-        # the newest finished one tells whether any failed; only then look for the first.
-        for chain in ready.values():
-            if _verdict(chain[-1]) is None:
-                continue
-            entry, verdict = _first_failure(chain)
-            if entry is not None:
-                _report(entry, verdict)
-        if finished:
-            with _lock:
-                kept = [e for e in _pending if id(e) not in finished]
-                _pending.clear()
-                _pending.extend(kept)
+        for chain in chains:
+            done = []
+            while chain and chain[0].token is not None and chain[0].token.is_ready():
+                done.append(chain.popleft())
+            if done and _verdict(done[-1]) is not None:
+                # a failure or refusal poisons every later token of its group, so the
+                # first bad one among these is where it started
+                entry, verdict = _first_failure(done)
+                if entry is not None:
+                    _report(entry, verdict)
+            if chain and now - chain[0].t0 > chain[0].timeout:
+                _report(chain[0], f"did not complete within the timeout of "
+                                  f"{chain[0].timeout:.0f} s (init_process_group(timeout=...)): "
+                                  "a rank is hung, stopped, or never issued the matching "
+                                  "collective")
+                chain.popleft()
 
 
 def _first_failure(chain):
@@ -170,7 +186,7 @@ def wait(gm, timeout_s: float, what: str) -> None:
         return
     if gm.failure is None:
         with _lock:
-            chain = [e for e in _pending if e.gm is gm and e.token is not None]
+            chain = [e for e in _chains.get(id(gm), ()) if e.token is not None]
         entry, verdict = _first_failure(chain)
         if entry is not None:
             gm.failure = _describe(entry, verdict)
@@ -198,11 +214,9 @@ def _explain_crash(exc) -> None:
     """On an uncaught exception: report the first failed collective still pending (the
     likely cause), or explain a raw collective error."""
     with _lock:
-        entries = [e for e in _pending if e.token is not None and e.token.is_ready()]
-    chains: dict = {}
-    for e in entries:
-        chains.setdefault(id(e.gm), []).append(e)
-    for chain in chains.values():
+        chains = [[e for e in c if e.token is not None and e.token.is_ready()]
+                  for c in _chains.values()]
+    for chain in chains:
         entry, verdict = _first_failure(chain)
         if entry is not None:
             if entry.gm.failure is None:

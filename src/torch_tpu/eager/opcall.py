@@ -139,6 +139,8 @@ class OpPlan:
         parts = []
         bufs = []
         dyns = []
+        # in-place ops: the storage records, to find two mutated views of one storage
+        recs = [] if self.mutable else None
         kinds = self.kinds
         gen = None
         for i, v in enumerate(vals):
@@ -146,7 +148,7 @@ class OpPlan:
             if k == STATIC:
                 parts.append(_hashable(v))
             elif k <= OPT_TENSOR:
-                parts.append(self._tensor_part(v, bufs, dyns))
+                parts.append(self._tensor_part(v, bufs, dyns, recs))
             elif k == STATIC_NUMBER:
                 parts.append((type(v), v))
             elif k == SCALAR:
@@ -158,7 +160,7 @@ class OpPlan:
                     parts.append(type(v))
                     dyns.append(device_scalar(v))
             elif k <= OPT_TENSOR_LIST:
-                parts.append(tuple([self._tensor_part(t, bufs, dyns) for t in v]))
+                parts.append(tuple([self._tensor_part(t, bufs, dyns, recs) for t in v]))
             elif k == SCALAR_LIST:
                 parts.append(tuple([type(x) for x in v]))
                 dyns.extend([device_scalar(x) for x in v])
@@ -178,9 +180,17 @@ class OpPlan:
         if self.factory:
             # dtype=None factories follow torch.get_default_dtype()
             parts.append(torch.get_default_dtype())
+        if recs is not None and len(recs) > 1:
+            ids = [id(r) for r in recs]
+            if len(set(ids)) < len(ids):
+                # buffers shared by several arguments (views of one storage, as in
+                # _foreach_copy_ into slices of one flat buffer): their writes must chain
+                first: dict = {}
+                shared = tuple(first.setdefault(x, b) for b, x in enumerate(ids))
+                return (self.op, tuple(parts), shared), bufs, dyns
         return (self.op, tuple(parts)), bufs, dyns
 
-    def _tensor_part(self, t, bufs, dyns):
+    def _tensor_part(self, t, bufs, dyns, recs=None):
         if t is None:
             return None
         if not isinstance(t, torch.Tensor):  # a Python number torch passed for a Tensor
@@ -190,6 +200,8 @@ class OpPlan:
         if rec is None:
             t, rec = self._first_touch(t)
         bufs.append(rec[0])
+        if recs is not None:
+            recs.append(rec)
         return (t.shape, t.stride(), t.storage_offset(), t.dtype, rec[1], rec[2])
 
     def _first_touch(self, t):
@@ -215,7 +227,7 @@ class OpPlan:
                 mut_slots.extend((i, j) for j in range(len(v)))
             elif v is not None:
                 mut_slots.append((i, None))
-        fn = self._traceable(parts, mut_slots)
+        fn = self._traceable(parts, mut_slots, key[2] if len(key) > 2 else None)
         if meta is NotImplemented and not _traceable_shapes(fn, parts, self):
             # data-dependent result shapes (nonzero, masked_select, bool-mask indexing):
             # no single XLA program exists; run the lowering op by op on concrete arrays.
@@ -245,8 +257,12 @@ class OpPlan:
         entry.key = key
         return entry
 
-    def _traceable(self, parts, mut_slots):
-        """(bufs, dyns, out specs) -> (raw results, flat buffers to store)."""
+    def _traceable(self, parts, mut_slots, shared=None):
+        """(bufs, dyns, out specs) -> (raw results, flat buffers to store).
+
+        `shared[b]` is the first buffer index holding the same storage as buffer b (None
+        when no two arguments share one): a mutation of such a storage is written onto the
+        result of the previous one, so that the last buffer stored holds every write."""
         kinds, names, npos, lowering, seeded = self.kinds, self.names, self.npos, self.lowering, self.seeded
         # which buffer index each tensor argument reads, to write mutations back
         buf_index = {}
@@ -317,6 +333,7 @@ class OpPlan:
                 if x.shape != shape:
                     x = x.reshape(shape) if x.size == _prod(shape) else jax.numpy.broadcast_to(x, shape)
                 out.append(x.reshape(-1))
+            latest = {}
             for (i, j), x in zip(mut_slots, raw[nfresh:]):
                 part = parts[i] if j is None else parts[i][j]
                 shape, stride, offset, dtype, blen, bdt = part
@@ -324,7 +341,13 @@ class OpPlan:
                 if x is None:
                     x = args[i] if j is None else args[i][j]
                 x = jax.numpy.broadcast_to(x.astype(_runtime.jax_dtype(dtype)), tuple(shape))
-                out.append(w(bufs[buf_index[(i, j)]], x))
+                b = buf_index[(i, j)]
+                if shared is None:
+                    out.append(w(bufs[b], x))
+                else:
+                    g = shared[b]
+                    latest[g] = new = w(latest.get(g, bufs[b]), x)
+                    out.append(new)
             return raw, out
 
         return fn

@@ -103,8 +103,29 @@ def _text(config, g, params) -> list[tuple[str, dict]]:
     return out
 
 
+def _video(config, g, name) -> list[tuple[str, dict]]:
+    """(batch, frames, channels, height, width), the layout of video transformers."""
+    vc = _sub(config, "vision_config")
+    frames = int(_get(vc, "num_frames", "frames_per_clip", default=8))
+    tubelet = _get(vc, "tubelet_size", default=None)
+    tubelet = tubelet[0] if isinstance(tubelet, (list, tuple)) else tubelet
+    if isinstance(tubelet, int):
+        frames = max(frames, tubelet)
+    px = _pixels(config, g)
+    return [("video", {name: px.unsqueeze(1).expand(-1, frames, -1, -1, -1).contiguous()})]
+
+
+def _series(config, g) -> list[tuple[str, dict]]:
+    n = int(_get(config, "context_length", default=32))
+    c = int(_get(config, "num_input_channels", default=1))
+    return [("series", {"past_values": torch.randn(BATCH, n, c, generator=g)}),
+            ("series-2d", {"past_values": torch.randn(BATCH, n, generator=g)})]
+
+
 _MODALITIES = {"input_ids": ("ids", _text), "pixel_values": ("pixels", None),
-               "input_features": ("features", _features), "input_values": ("audio", _audio)}
+               "pixel_values_videos": ("video", None),
+               "input_features": ("features", _features), "input_values": ("audio", _audio),
+               "past_values": ("series", _series)}
 
 
 def candidates(model, config, seed: int = 0) -> list[tuple[str, dict]]:
@@ -119,6 +140,10 @@ def candidates(model, config, seed: int = 0) -> list[tuple[str, dict]]:
         if arg in params:
             if arg == "pixel_values":
                 variants[arg] = [("pixels", {"pixel_values": _pixels(config, g)})]
+                if _get(_sub(config, "vision_config"), "num_frames", default=None):
+                    variants[arg] += _video(config, g, arg)
+            elif arg == "pixel_values_videos":
+                variants[arg] = _video(config, g, arg)
             elif arg == "input_ids":
                 variants[arg] = make(config, g, params)
             else:

@@ -74,6 +74,11 @@ def _build(model_type: str, cls_name: str, task: str, level: str):
         # ESM masks padding); the inputs never contain it (inputs.ids draws from 3 up)
         config.pad_token_id = 0
     cls = getattr(transformers, cls_name)
+    want = getattr(cls, "config_class", None)
+    if want is not None and not isinstance(config, want):
+        # a text-only head of a multimodal type (Llama4ForCausalLM) takes the text config
+        sub = next((v for v in vars(config).values() if isinstance(v, want)), None)
+        config = sub if sub is not None else config
     try:  # count on the meta device first: a model too big to build is never built
         with torch.device("meta"):
             n = sum(p.numel() for p in cls(config).parameters())
@@ -168,7 +173,7 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                     errors.append((level, e))
                     model = None
             else:
-                level, e = errors[-1]
+                level, e = errors[0]  # the error of the tiny config, the harness's own
                 tried = {lv: f"{type(x).__name__}: {_first_line(x)}" for lv, x in errors}
                 return {**res, "status": "cpu_fail", "error": type(e).__name__,
                         "detail": _first_line(e), "tried": tried, "seconds": _since(t0)}

@@ -6,8 +6,8 @@ in order until the model runs on CPU (models.py does the trying):
 
 - "tiny": every size field set to one small shape (width 64, 4 heads of 16, 2 layers,
   FFN 128, 4 experts choosing 2), which the attention code's divisibility rules accept;
-- "tiny64": the same with 2 heads of 64 at width 128, for code that hard-codes a rotary
-  split of a 64-wide head (multimodal RoPE sections, fixed rotary dims);
+- "tiny64", "tiny128": the same with 2 heads of 64 (of 128), for code that hard-codes
+  the rotary split of a wider head (multimodal RoPE sections, fixed rotary dims);
 - "scaled": width fields divided by one common factor (up to 16), head counts kept, so
   every ratio and divisibility the architecture relies on survives; 2 layers;
 - "layers": only the depth fields (2 layers, 1 block a stage) and expert counts.
@@ -21,13 +21,14 @@ from __future__ import annotations
 import copy
 import re
 
-LEVELS = ("tiny", "tiny64", "scaled", "layers")
+LEVELS = ("tiny", "tiny64", "tiny128", "scaled", "layers")
 
 _LAYERS = re.compile(r"^(num_hidden_layers|num_layers|n_layers?|encoder_layers|decoder_layers|"
                      r"num_encoder_layers|num_decoder_layers|depth|decoder_num_layers|"
                      r"num_hidden_blocks|text_layers|vision_layers|num_blocks|"
                      r"memory_attention_num_layers|memory_fuser_num_layers|resampler_depth|"
-                     r"num_lstm_layers|decoder_depth|encoder_depth|num_adapter_layers)$")
+                     r"num_lstm_layers|decoder_depth|encoder_depth|num_adapter_layers|"
+                     r"num_self_attends_per_block)$")
 _DEPTH_LISTS = re.compile(r"^(depths|blocks_per_stage|stage_num_blocks|"
                           r"stage_numb_of_layers|num_res_blocks|layers)$")
 _WIDTH = re.compile(r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|dim|hidden_dim|"
@@ -37,7 +38,8 @@ _WIDTH = re.compile(r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|dim|hidden_
                     r"out_hidden_size|projector_hidden_size|output_hidden_size|d_inner|"
                     r"hidden_sizes|embed_dims|dims|embed_dim_per_stage|conv_dim|"
                     r"decoder_hidden_dim|encoder_hidden_dim|query_dim|latent_dim|"
-                    r"vision_hidden_size|audio_hidden_size|hidden_size_per_layer_input|codebook_dim|emb_dim)$")
+                    r"vision_hidden_size|audio_hidden_size|hidden_size_per_layer_input|codebook_dim|emb_dim|d_latents|"
+                    r"output_embedding_size|input_embedding_size|entity_emb_size)$")
 _FFN = re.compile(r"(intermediate_size|ffn_dim|^d_ff$|^n_inner$|mlp_dim|ffn_hidden_size|"
                   r"dim_feedforward|^linear_units$|decoder_intermediate_size)")
 _HEAD_DIM = re.compile(r"^(head_dim|kv_channels|d_kv|attention_head_dim|qk_nope_head_dim|"
@@ -51,6 +53,8 @@ _HEADS = re.compile(r"^(num_attention_heads|n_head|num_heads|encoder_attention_h
                     r"linear_num_value_heads|linear_num_heads|mamba_n_heads)$")
 _KV_HEADS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num|"
                        r"swa_num_key_value_heads|linear_num_key_heads)$")
+# side vocabularies no input of the harness reaches (entities, hashed byte groups)
+_SIDE_VOCABS = re.compile(r"^(entity_vocab_size|encoder_hash_byte_group_vocab)$")
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
 _TOPK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|moe_k)$")
 # lists of layer indices: kept where they still name a layer
@@ -61,6 +65,8 @@ _LAYER_INDEX_LISTS = re.compile(r"^(global_attn_indexes|deepstack_visual_indexes
 TINY = dict(width=64, ffn=128, head_dim=16, heads=4, kv_heads=2, layers=2, experts=4, topk=2,
             lora=32)
 TINY64 = dict(TINY, width=128, ffn=256, head_dim=64, heads=2, kv_heads=1, lora=64)
+TINY128 = dict(TINY, width=256, ffn=256, head_dim=128, heads=2, kv_heads=1, lora=64)
+_SIZES = {"tiny": TINY, "tiny64": TINY64, "tiny128": TINY128}
 
 
 def _is_int(v) -> bool:
@@ -185,6 +191,19 @@ def _tiny(d: dict, size: dict) -> None:
         d["qk_head_dim"] = d["qk_nope_head_dim"] + (d.get("qk_rope_head_dim") or 0)
 
 
+def _mrope(d: dict, head_dim: int) -> None:
+    """Multimodal RoPE splits each head's rotary half into (time, height, width) sections
+    that must add up to it: scale them to the new head."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = d.get(key)
+        sec = rope.get("mrope_section") if isinstance(rope, dict) else None
+        if _int_list(sec) and sum(sec) > head_dim // 2:
+            want = head_dim // 2
+            new = [max(1, x * want // sum(sec)) for x in sec]
+            new[0] += want - sum(new)
+            rope["mrope_section"] = new
+
+
 def _scale_factor(d: dict) -> int:
     vals = []
     for k, v in d.items():
@@ -219,12 +238,18 @@ def _walk(d: dict, level: str) -> None:
         d["image_size"] = 224  # cost grows with its square; 224 divides by 7, 14, 16 and 32
     if "vocab_size" in d and d["vocab_size"] is None and _old_layers(d) is not None:
         d["vocab_size"] = 1000  # left to the tokenizer (ESM): any vocabulary will do
-    if level == "tiny":
-        _tiny(d, TINY)
-    elif level == "tiny64":
-        _tiny(d, TINY64)
+    for k, v in list(d.items()):
+        if _SIDE_VOCABS.match(k) and _is_int(v) and v > 1000:
+            d[k] = 1000
+    if level in _SIZES:
+        _tiny(d, _SIZES[level])
+        _mrope(d, _SIZES[level]["head_dim"])
     elif level == "scaled":
         _scaled(d)
+    if ("head_dim" in d and d["head_dim"] is None and _is_int(d.get("hidden_size")) and
+            _is_int(d.get("num_attention_heads"))):
+        # derived in __init__ only when absent; from_dict passes the stale None
+        d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
 
 
 def shrink_dict(d: dict, level: str) -> dict:
