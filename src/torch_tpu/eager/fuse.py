@@ -13,6 +13,7 @@ Steps, each a function below:
 """
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import time
@@ -68,18 +69,23 @@ def choose_outputs(nodes):
     return tuple(refs), storages
 
 
-def donations(ext):
+def donations(ext, storages):
     """Indices of external buffers the graph overwrote and nothing else holds: donating
     them lets XLA write results in place (an optimizer step would otherwise hold old and
     new weights and state at once). Called once the pending nodes have dropped their
     inputs, so a buffer whose only reference left is `ext` belongs to nobody else: not to
-    a live storage, not to an array a caller kept, not to a storage sharing it."""
+    a live storage, not to an array a caller kept, not to a storage sharing it. XLA reuses
+    a donated buffer only for an output of its size and dtype: one per output at most."""
+    free = collections.Counter(getattr(st, _ATTR)[1:] for st in storages)
     out = []
     for j in range(len(ext)):
         b = ext[j]
         # references: the ext list, `b`, getrefcount's argument
         if sys.getrefcount(b) == 3:
-            out.append(j)
+            k = (b.size, b.dtype)
+            if free[k] > 0:
+                free[k] -= 1
+                out.append(j)
     return tuple(out)
 
 
@@ -148,7 +154,7 @@ def flush(nodes) -> None:
     out_refs, storages = choose_outputs(nodes)
     for node in nodes:  # from here on only `ext` holds the inputs
         node.bufs = None
-    donate = donations(ext) if _DONATE else ()
+    donate = donations(ext, storages) if _DONATE else ()
     key = graph_key(nodes, wiring, out_refs, dyns, donate)
     fn = _CACHE.get(key)
     if fn is None:
