@@ -111,6 +111,20 @@ def test_view_as_other_dtype_reinterprets_bytes():
     assert torch.equal(back, x)
 
 
+def test_complex_views_of_real_storage():
+    """view_as_complex / view_as_real (rotary embeddings in Llama 4 and others): the
+    complex view reads and writes the float storage's (real, imag) pairs."""
+    x = torch.randn(3, 4, 2)
+    t = x.to("tpu")
+    c = torch.view_as_complex(t)
+    torch.testing.assert_close((c * (1 - 2j)).cpu(), torch.view_as_complex(x) * (1 - 2j))
+    c.mul_(1j)  # writes through to t
+    torch.testing.assert_close(t.cpu(), torch.view_as_real(torch.view_as_complex(x) * 1j))
+    z = torch.randn(5, dtype=torch.complex64)
+    torch.testing.assert_close(torch.view_as_real(z.to("tpu")).cpu(), torch.view_as_real(z))
+    torch.testing.assert_close(z.to("tpu").view(torch.float32).cpu(), z.view(torch.float32))
+
+
 def test_memory_returns_to_baseline():
     gc.collect()
     base = torch.tpu.memory_allocated()

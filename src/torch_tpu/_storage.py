@@ -114,6 +114,15 @@ def _bitcast_flat(flat, to_dtype):
         flat = flat.astype(via) if src == jnp.bool_ else flat
         out = _bitcast_flat(flat, via if to_dtype == jnp.bool_ else to_dtype)
         return out.astype(jnp.bool_) if to_dtype == jnp.bool_ else out
+    # complex: XLA bitcasts only real types; a complex element is its (real, imag) pair
+    if jnp.issubdtype(to_dtype, jnp.complexfloating):
+        part = jnp.finfo(to_dtype).dtype
+        pairs = _bitcast_flat(flat, part)
+        pairs = pairs[:pairs.shape[0] // 2 * 2].reshape(-1, 2)
+        return lax.complex(pairs[:, 0], pairs[:, 1])
+    if jnp.issubdtype(src, jnp.complexfloating):
+        pairs = jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=1).reshape(-1)
+        return _bitcast_flat(pairs, to_dtype)
     a, b = src.itemsize, jnp.dtype(to_dtype).itemsize
     if a == b:
         return lax.bitcast_convert_type(flat, to_dtype)
