@@ -252,6 +252,8 @@ PRODUCTS = {
     "matmul_3d_2d": (torch.matmul, [(2, 3, 4), (4, 5)]),
     "einsum": (lambda a, b: torch.einsum("bij,bkj->bik", a, b), [(2, 3, 4), (2, 5, 4)]),
     "linear": (torch.nn.functional.linear, [(2, 3, 4), (5, 4), (5,)]),
+    "cross": (torch.linalg.cross, [(2, 1, 3), (1, 4, 3)]),
+    "cross_dim": (lambda a, b: torch.cross(a, b, dim=0), [(3, 4), (3, 4)]),
 }
 
 
@@ -346,6 +348,19 @@ DECOMP = {
     "pinv": (torch.linalg.pinv, lambda: [sample(torch.float32, (4, 3))]),
     "pinv_hermitian": (lambda a: torch.linalg.pinv(a, hermitian=True), lambda: [_spd()]),
     "matrix_norm_nuc": (lambda a: torch.linalg.matrix_norm(a, "nuc"), lambda: [sample(torch.float32, (4, 3))]),
+    "lstsq": (lambda a, b: torch.linalg.lstsq(a, b).solution,
+              lambda: [sample(torch.float32, (2, 5, 3)), sample(torch.float32, (2, 5, 2))]),
+    "lstsq_wide": (lambda a, b: torch.linalg.lstsq(a, b).solution,
+                   lambda: [sample(torch.float32, (3, 5)), sample(torch.float32, (3, 2))]),
+    "geqrf": (torch.geqrf, lambda: [sample(torch.float32, (2, 5, 3))]),
+    "householder_product": (torch.linalg.householder_product,
+                            lambda: list(torch.geqrf(sample(torch.float32, (5, 3))))),
+    "ormqr": (lambda a, tau, c: torch.ormqr(a, tau, c),
+              lambda: [*torch.geqrf(sample(torch.float32, (5, 3))), sample(torch.float32, (5, 2))]),
+    "ormqr_right_transposed": (lambda a, tau, c: torch.ormqr(a, tau, c, left=False, transpose=True),
+                               lambda: [*torch.geqrf(sample(torch.float32, (5, 3))),
+                                        sample(torch.float32, (2, 5))]),
+    "eigvals": (torch.linalg.eigvals, lambda: [sample(torch.float32, (2, 4, 4))]),
 }
 
 
@@ -360,7 +375,7 @@ def test_decomposition(name):
 GRAD_DECOMP = ["cholesky", "inv", "solve", "solve_right", "solve_transposed", "det", "slogdet",
                "solve_triangular", "cholesky_solve", "cholesky_inverse", "lu_factor",
                "lu_solve_adjoint", "svdvals", "svd_product", "eigvalsh", "eigh_product", "qr_product",
-               "matrix_exp", "pinv"]
+               "matrix_exp", "pinv", "lstsq", "householder_product", "ormqr"]
 
 
 @pytest.mark.parametrize("name", GRAD_DECOMP)
@@ -397,6 +412,37 @@ def test_qr_modes_and_svd_shapes():
         out, ref = run_both(lambda t: torch.linalg.svd(t, full_matrices=full), a)
         assert [o.shape for o in out] == [r.shape for r in ref]
         assert_close(out[1], ref[1])
+
+
+def test_lstsq_driver_outputs():
+    """Each driver fills what LAPACK's does: rank (not gels), singular values (gelsd,
+    gelss), residuals (m > n; gelsd/gelss only at full rank); gelsy is CPU's default."""
+    tall, b = sample(torch.float32, (5, 3)), sample(torch.float32, (5, 2), seed=1)
+    deficient = tall.clone()
+    deficient[:, 2] = deficient[:, 1]
+    for driver in (None, "gelsy", "gelsd", "gelss", "gels"):
+        for a in (tall, deficient) if driver != "gels" else (tall,):
+            out, ref = run_both(lambda a, b: torch.linalg.lstsq(a, b, driver=driver), a, b)
+            assert [o.shape for o in out] == [r.shape for r in ref], driver
+            assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    # a batch of vector right-hand sides
+    out, ref = run_both(lambda a, b: torch.linalg.lstsq(a, b, driver="gelsd"),
+                        sample(torch.float32, (2, 5, 3)), sample(torch.float32, (2, 5)))
+    assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_equal_and_what_uses_it():
+    a = sample(torch.float32, (3, 4))
+    b = a.clone()
+    b[1, 2] = 7.0
+    nan = torch.tensor([1.0, float("nan")])
+    for x, y in [(a, a.clone()), (a, b), (a, a[:2]), (a, a.double()), (nan, nan.clone()),
+                 (torch.ones(0), torch.ones(0))]:
+        assert torch.equal(x.to("tpu"), y.to("tpu")) == torch.equal(x, y)
+    for fn in (torch.cov, torch.corrcoef,
+               lambda t: torch.cov(t, correction=0, aweights=torch.arange(1.0, 5.0, device=t.device))):
+        out, ref = run_both(fn, a)
+        assert_close(out, ref)
 
 
 @pytest.mark.parametrize("p,mode", [(0, None), (1, None), (2, "donot_use_mm_for_euclid_dist"),

@@ -123,6 +123,9 @@ def materialize(t: torch.Tensor, reason: str = "read") -> jax.Array:
     modes.flush_pending(reason)
     buf, n, bdt = _storage.record(t.untyped_storage(), t.dtype)
     shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    if t.is_conj() or t.is_neg():  # a lazy conj()/neg view: resolve it on the device
+        t = t.resolve_conj().resolve_neg()
+        return materialize(t, reason)
     if offset == 0 and n == t.numel() and bdt == _runtime.jax_dtype(t.dtype) and t.is_contiguous():
         return buf.reshape(shape)
     return _materializer(shape, stride, offset, n, bdt, t.dtype)(buf)

@@ -89,7 +89,7 @@ def to_device(cpu: torch.Tensor) -> jax.Array:
     dtype = cpu.dtype
     jdt = jax_dtype(dtype)
     carrier = _HOST_CARRIER.get(dtype)
-    src = cpu.reshape(-1)
+    src = cpu.resolve_conj().resolve_neg().reshape(-1)  # lazy conj()/neg views: their values
     if carrier is not None:
         host = src.view(carrier).numpy().view(jdt)
     else:

@@ -202,6 +202,11 @@ class OpPlan:
         bufs.append(rec[0])
         if recs is not None:
             recs.append(rec)
+        if t.is_conj() or t.is_neg():
+            # torch's lazy conj()/_neg_view bits reach the ops that resolve them themselves
+            # (copy_, clone, mm, dot, ...): the program applies them to what it reads
+            return (t.shape, t.stride(), t.storage_offset(), t.dtype, rec[1], rec[2],
+                    (t.is_conj(), t.is_neg()))
         return (t.shape, t.stride(), t.storage_offset(), t.dtype, rec[1], rec[2])
 
     def _first_touch(self, t):
@@ -282,8 +287,9 @@ class OpPlan:
                 return None, b
             if part[0] == "#":
                 return next(dyns_it), b
-            shape, stride, offset, dtype, blen, bdt = part
-            return _storage.reader(tuple(shape), tuple(stride), offset, blen, bdt, dtype)(bufs[b]), b + 1
+            shape, stride, offset, dtype, blen, bdt, *bits = part
+            x = _storage.reader(tuple(shape), tuple(stride), offset, blen, bdt, dtype)(bufs[b])
+            return (_math_bits(x, *bits[0]) if bits else x), b + 1
 
         def fn(bufs, dyns, specs):
             dyns_it = iter(dyns)
@@ -336,11 +342,13 @@ class OpPlan:
             latest = {}
             for (i, j), x in zip(mut_slots, raw[nfresh:]):
                 part = parts[i] if j is None else parts[i][j]
-                shape, stride, offset, dtype, blen, bdt = part
+                shape, stride, offset, dtype, blen, bdt, *bits = part
                 w = _storage.writer(tuple(shape), tuple(stride), offset, blen, bdt, dtype)
                 if x is None:
                     x = args[i] if j is None else args[i][j]
                 x = jax.numpy.broadcast_to(x.astype(_runtime.jax_dtype(dtype)), tuple(shape))
+                if bits:  # a write through a conj()/neg view stores the undone value
+                    x = _math_bits(x, *bits[0])
                 b = buf_index[(i, j)]
                 if shared is None:
                     out.append(w(bufs[b], x))
@@ -351,6 +359,14 @@ class OpPlan:
             return raw, out
 
         return fn
+
+
+def _math_bits(x, conj, neg):
+    """The value of a view whose conj/neg bits are set, from its storage's (or the
+    inverse: both are involutions)."""
+    if conj:
+        x = jax.numpy.conj(x)
+    return -x if neg else x
 
 
 def _count_bufs(parts, plan):

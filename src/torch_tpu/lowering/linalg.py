@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from .pointwise import _operands, _result_dtype, _rounded
 from .registry import aten, lowering
 
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
@@ -112,6 +113,22 @@ def _addmm_activation(self, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
 def _trace(self):
     acc = jnp.int64 if not jnp.issubdtype(self.dtype, jnp.inexact) else _acc_dtype(self)
     return jnp.trace(self.astype(acc))
+
+
+@lowering(aten.linalg_cross.default)
+def _linalg_cross(self, other, *, dim=-1):
+    """Broadcasting cross product along `dim`. torch's kernel computes a1*b2 - a2*b1 in
+    the tensors' dtype, so 16-bit floats round each product before the difference."""
+    dt = _result_dtype(self, other)
+    a, b = _operands(self, other)
+    a, b = jnp.broadcast_arrays(a, b)
+    a, b = jnp.moveaxis(a, dim, -1), jnp.moveaxis(b, dim, -1)
+
+    def term(i, j):
+        return _rounded(a[..., i] * b[..., j], dt) - _rounded(a[..., j] * b[..., i], dt)
+
+    out = jnp.stack([term(1, 2), term(2, 0), term(0, 1)], axis=-1)
+    return jnp.moveaxis(out, -1, dim)
 
 
 # ---------------------------------------------------------------- helpers
@@ -360,6 +377,69 @@ def _linalg_qr(A, mode="reduced"):
     if mode == "r":
         return _empty(A.dtype), jnp.linalg.qr(A, mode="r")
     return jnp.linalg.qr(A, mode=mode)
+
+
+@lowering(aten.linalg_eig.default)
+def _linalg_eig(self):
+    # LAPACK's geev, as torch's CPU kernel; JAX implements it on XLA:CPU only
+    return jnp.linalg.eig(self)
+
+
+@lowering(aten._linalg_eigvals.default)
+def _linalg_eigvals(self):
+    return jnp.linalg.eigvals(self)
+
+
+@lowering(aten.geqrf.default)
+def _geqrf(self):
+    """LAPACK's packed QR: R on and above the diagonal, the Householder vectors below it
+    (numpy's "raw" mode returns the same, transposed)."""
+    h, tau = jnp.linalg.qr(self, mode="raw")
+    return _mT(h), tau
+
+
+@lowering(aten.linalg_householder_product.default)
+def _linalg_householder_product(input, tau):
+    return lax.linalg.householder_product(input, tau)
+
+
+@lowering(aten.ormqr.default)
+def _ormqr(self, input2, input3, left=True, transpose=False):
+    # transpose means the conjugate transpose for complex input, in both libraries
+    return lax.linalg.ormqr(self, input2, input3, left=left, transpose=transpose)
+
+
+@lowering(aten.linalg_lstsq.default)
+def _linalg_lstsq(self, b, rcond=None, *, driver=None):
+    """The minimum-norm least-squares solution through the SVD (what every LAPACK driver
+    returns for full-rank input, and gelsy/gelsd/gelss also for rank-deficient input),
+    with the extra outputs torch's CPU `driver` fills (default gelsy): rank for all but
+    gels, singular values for gelsd/gelss, and residuals when m > n for gels, or for
+    gelsd/gelss when every matrix has full rank. That last rule makes the shape depend on
+    the values, so such calls run eagerly."""
+    driver = driver or "gelsy"
+    vector = b.ndim == self.ndim - 1
+    if vector:
+        b = b[..., None]
+    m, n = self.shape[-2:]
+    batch = jnp.broadcast_shapes(self.shape[:-2], b.shape[:-2])
+    a = jnp.broadcast_to(self, batch + (m, n))
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    real = jnp.finfo(a.dtype).dtype
+    if rcond is None:
+        rcond = jnp.finfo(real).eps * max(m, n)
+    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    keep = s > rcond * s[..., :1]
+    s_inv = jnp.where(keep, 1 / s, 0).astype(a.dtype)
+    x = _matmul(_mH(vh), s_inv[..., :, None] * _matmul(_mH(u), b))
+    rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
+    svd_driver = driver in ("gelsd", "gelss")
+    residuals = _empty(real)
+    if m > n and (driver == "gels" or (svd_driver and bool(jnp.all(rank == n)))):
+        residuals = jnp.sum(jnp.abs(_matmul(a, x) - b) ** 2, axis=-2)
+    return (x[..., 0] if vector else x, residuals,
+            _empty(jnp.int64) if driver == "gels" else rank,
+            s if svd_driver else _empty(real))
 
 
 @lowering(aten.linalg_matrix_exp.default)

@@ -456,6 +456,13 @@ def _nan_to_num(x, nan=None, posinf=None, neginf=None):
     return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
 
 
+@lowering(aten._efficientzerotensor.default)
+def _efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """The gradient autograd knows to be zero (sgn, abs, ... of a real tensor). tpu tensors
+    have no ZeroTensor bit, so it is an ordinary tensor of zeros."""
+    return jnp.zeros(size, _runtime.jax_dtype(dtype or torch.get_default_dtype()))
+
+
 @lowering(aten.frexp.Tensor)
 def _frexp(self):
     mantissa, exponent = jnp.frexp(self)
@@ -485,6 +492,16 @@ for _name, _fn in _COMPARISONS.items():
     _packet = getattr(aten, _name)
     # compared in the common dtype: a bf16 tensor against 1.1 sees 1.1 rounded to bf16
     pointwise(_packet.Tensor, _packet.Scalar, operands=2, opmath=False)(_fn)
+
+
+@lowering(aten.equal.default)
+def _equal(self, other):
+    """torch.equal as a 0-dim bool: False for another shape, else whether every element
+    is equal in the common dtype (so NaN != NaN)."""
+    if self.shape != other.shape:
+        return jnp.asarray(False)
+    a, b = _promote(self, other)
+    return jnp.all(a == b)
 
 
 def _logical(fn):
