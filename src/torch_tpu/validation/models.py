@@ -10,6 +10,7 @@ gradient is compared. Failures are recorded with their error class.
 """
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import time
@@ -154,6 +155,13 @@ def _compare_grads(want, got) -> str | None:
     return None
 
 
+def _twin(model):
+    try:
+        return copy.deepcopy(model)
+    except Exception:  # noqa: BLE001  (a model that cannot be copied runs as it is)
+        return model
+
+
 def check_model(model_type: str, task: str, cls_name: str, mode: str,
                 timeout: float | None = 600, cpu_only: bool = False, on_tpu=None) -> dict:
     """{'status': 'pass' | 'mismatch' | 'tpu_error' | 'cpu_fail' | 'timeout', ...};
@@ -168,6 +176,10 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
             for level in shrink.LEVELS:
                 try:
                     config, model, n = _build(model_type, cls_name, task, level)
+                    # tpu runs a twin untouched by the CPU run: models cache tensors
+                    # derived from buffers on first use (Mimi's codebook), which a
+                    # later .to() does not move
+                    twin = _twin(model)
                     label, kw, out, seeded, grads = _run_cpu(model, config, task)
                     break
                 except _Timeout:
@@ -193,7 +205,7 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                 on_tpu()
             try:
                 with torch_tpu.eager_mode(mode):
-                    model.to("tpu")
+                    model = twin.to("tpu")
                     kw_t = {k: v.to("tpu") for k, v in kw.items()}
                     got = main_output(_forward(model, kw_t, labels=False))[1].detach().cpu()
                     got_grads = _loss_grads(model, kw_t) if grads is not None else None
