@@ -143,6 +143,75 @@ CASES = [
          randn(1, 2, 5, 6)),
     Case("interpolate_linear", lambda x: F.interpolate(x, scale_factor=2.5, mode="linear"),
          randn(2, 3, 7)),
+    Case("interpolate_bilinear_antialias",
+         lambda x: F.interpolate(x, size=(4, 9), mode="bilinear", antialias=True),
+         randn(2, 3, 10, 6)),
+    Case("interpolate_bicubic_antialias_align_corners",
+         lambda x: F.interpolate(x, scale_factor=(0.4, 1.5), mode="bicubic", antialias=True,
+                                 align_corners=True),
+         randn(1, 2, 9, 5)),
+    # grid sampling
+    Case("grid_sample_bilinear_zeros", lambda x, g: F.grid_sample(x, g, align_corners=False),
+         randn(2, 3, 5, 6), randn(2, 4, 7, 2, seed=1)),
+    Case("grid_sample_bilinear_border_align_corners",
+         lambda x, g: F.grid_sample(x, g, padding_mode="border", align_corners=True),
+         randn(2, 3, 5, 6), randn(2, 4, 7, 2, seed=1)),
+    Case("grid_sample_nearest_reflection",
+         lambda x, g: F.grid_sample(x, g, mode="nearest", padding_mode="reflection",
+                                    align_corners=False),
+         randn(2, 3, 5, 6), randn(2, 4, 7, 2, seed=1)),
+    Case("grid_sample_bicubic_reflection",
+         lambda x, g: F.grid_sample(x, g, mode="bicubic", padding_mode="reflection",
+                                    align_corners=True),
+         randn(1, 2, 5, 6), randn(1, 3, 4, 2, seed=1) * 0.6),
+    Case("grid_sample_3d_bilinear_reflection",
+         lambda x, g: F.grid_sample(x, g, padding_mode="reflection", align_corners=False),
+         randn(2, 2, 3, 4, 5), randn(2, 2, 3, 4, 3, seed=1)),
+    Case("channel_shuffle", lambda x: F.channel_shuffle(x, 3), randn(2, 6, 2, 3)),
+    # fractional max pooling: fixed samples make the windows deterministic
+    Case("fractional_max_pool2d",
+         lambda x, u: F.fractional_max_pool2d(x, (3, 2), output_size=(4, 5), _random_samples=u),
+         randn(2, 3, 9, 11), probs(2, 3, 2, seed=1), diff=(0,), bf16=True),
+    Case("fractional_max_pool3d",
+         lambda x, u: F.fractional_max_pool3d(x, 2, output_size=(3, 4, 2), _random_samples=u),
+         randn(1, 2, 6, 7, 5), probs(1, 2, 3, seed=1), diff=(0,)),
+    # embedding_bag
+    Case("embedding_bag_sum_weights",
+         lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p),
+         randn(10, 4), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 3, 3, 6]),
+         probs(8, seed=1), bf16=True),
+    Case("embedding_bag_mean_padding_idx",
+         lambda w, i: F.embedding_bag(i, w, mode="mean", padding_idx=2),
+         randn(6, 3), torch.tensor([[0, 2, 5], [2, 2, 2], [1, 1, 4]])),
+    Case("embedding_bag_max_include_last_offset",
+         lambda w, i, o: F.embedding_bag(i, w, o, mode="max", include_last_offset=True),
+         randn(8, 5), torch.tensor([7, 0, 3, 3, 1, 6]), torch.tensor([0, 2, 2, 5, 6])),
+    # margin and CTC losses
+    Case("multi_margin_loss_p2_weight",
+         lambda x, t, w: F.multi_margin_loss(x, t, p=2, margin=0.7, weight=w),
+         randn(5, 4), randint(4, (5,)), probs(4, seed=1), diff=(0,)),
+    Case("multi_margin_loss_none", lambda x, t: F.multi_margin_loss(x, t, reduction="none"),
+         randn(3, 6), randint(6, (3,))),
+    Case("multilabel_margin_loss",
+         lambda x, t: F.multilabel_margin_loss(x, t),
+         randn(3, 5), torch.tensor([[3, 0, -1, 1, 2], [4, 4, 1, 2, 3], [-1, 0, 0, 0, 0]])),
+    Case("ctc_loss",
+         lambda x, t: F.ctc_loss(F.log_softmax(x, -1), t, [12, 9, 10], [4, 0, 3]),
+         randn(12, 3, 5), torch.tensor([[1, 2, 2, 4], [1, 1, 1, 1], [3, 1, 3, 0]])),
+    Case("ctc_loss_concatenated_targets_sum",
+         lambda x, t: F.ctc_loss(F.log_softmax(x, -1), t, [8, 8], [3, 2], blank=4,
+                                 reduction="sum"),
+         randn(8, 2, 5), torch.tensor([0, 0, 1, 2, 3])),
+    # segment reductions
+    Case("segment_reduce_max_lengths",
+         lambda x, n: torch.segment_reduce(x, "max", lengths=n, unsafe=True),
+         randn(7, 3), torch.tensor([2, 0, 4, 1])),
+    Case("segment_reduce_mean_initial",
+         lambda x, n: torch.segment_reduce(x, "mean", lengths=n, initial=1.5),
+         randn(6, 2), torch.tensor([3, 0, 3])),
+    Case("segment_reduce_prod_offsets_axis1",
+         lambda x, o: torch.segment_reduce(x, "prod", offsets=o, axis=1),
+         randn(2, 5), torch.tensor([[0, 2, 5], [0, 0, 5]])),
 ]
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.bfloat16: dict(atol=5e-2, rtol=3e-2)}
@@ -199,6 +268,91 @@ def test_batch_norm_module(train):
     torch.testing.assert_close(got.cpu(), expected, **TOL[torch.float32])
     torch.testing.assert_close(bn_tpu.running_mean.cpu(), bn.running_mean)
     torch.testing.assert_close(bn_tpu.running_var.cpu(), bn.running_var)
+
+
+def test_batch_norm_with_update():
+    x, w, b = randn(4, 3, 5), randn(3, seed=1), randn(3, seed=2)
+    results = {}
+    for device in ("cpu", "tpu"):
+        mean, var = torch.zeros(3, device=device), torch.ones(3, device=device)
+        out = aten._batch_norm_with_update(x.to(device), w.to(device), b.to(device), mean, var,
+                                           0.1, 1e-5)
+        results[device] = [*out[:3], mean, var]
+    for g, e in zip(results["tpu"], results["cpu"]):
+        torch.testing.assert_close(g.cpu(), e, **TOL[torch.float32])
+
+
+def test_rrelu_eval_and_gradient():
+    x = randn(3, 7)
+    expected = F.rrelu(x, 0.1, 0.4, training=False)
+    xt = x.to("tpu").requires_grad_()
+    got = F.rrelu(xt, 0.1, 0.4, training=False)
+    torch.testing.assert_close(got.cpu(), expected)
+    (grad,) = torch.autograd.grad(got.sum(), xt)
+    torch.testing.assert_close(grad.cpu(), torch.where(x > 0, 1.0, 0.25))
+
+
+def test_rrelu_training_draws_slopes():
+    x = -torch.rand(4000).to("tpu").requires_grad_()
+    torch.manual_seed(5)
+    out = F.rrelu(x, 0.2, 0.3, training=True)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    slope = (out / x).detach().cpu()
+    assert 0.2 <= slope.min().item() and slope.max().item() <= 0.3
+    assert abs(slope.mean().item() - 0.25) < 0.005
+    torch.testing.assert_close(grad.cpu(), slope)  # d(x * noise)/dx = noise
+    torch.manual_seed(5)
+    torch.testing.assert_close(F.rrelu(x, 0.2, 0.3, training=True).detach().cpu(),
+                               out.detach().cpu())
+
+
+@pytest.mark.parametrize("weights", [False, True], ids=["counts", "weights"])
+def test_bincount(weights):
+    x = torch.tensor([4, 1, 1, 0, 7, 4, 4])
+    w = probs(7) if weights else None
+    for minlength in (0, 10):
+        expected = torch.bincount(x, w, minlength)
+        got = torch.bincount(x.to("tpu"), None if w is None else w.to("tpu"), minlength)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_histogram():
+    x = randn(50)
+    w = probs(50, seed=1)
+    for kwargs in (dict(bins=7), dict(bins=5, range=(-1.0, 0.5), weight=w, density=True),
+                   dict(bins=torch.tensor([-2.0, -0.5, 0.0, 0.2, 3.0]), weight=w)):
+        expected = torch.histogram(x, **kwargs)
+        tpu_kwargs = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v
+                      for k, v in kwargs.items()}
+        got = torch.histogram(x.to("tpu"), **tpu_kwargs)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g.cpu(), e)
+    # constant data: the range widens by 0.5 each way
+    got = torch.histogram(torch.full((4,), 2.0).to("tpu"), 2)
+    torch.testing.assert_close(got.bin_edges.cpu(), torch.tensor([1.5, 2.0, 2.5]))
+
+
+def test_histogramdd():
+    x = randn(40, 3)
+    for bins in ([3, 4, 2], [torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([-3.0, 3.0]),
+                             torch.tensor([-0.5, 0.5, 1.0])]):
+        expected = torch.histogramdd(x, bins, weight=probs(40), density=True)
+        got = torch.histogramdd(x.to("tpu"), [b.to("tpu") if isinstance(b, torch.Tensor) else b
+                                              for b in bins], weight=probs(40).to("tpu"),
+                                density=True)
+        torch.testing.assert_close(got.hist.cpu(), expected.hist)
+        for g, e in zip(got.bin_edges, expected.bin_edges):
+            torch.testing.assert_close(g.cpu(), e)
+
+
+def test_empty_searchsorted_and_nonzero_static():
+    seq, values = torch.empty(0, 3), torch.empty(0, 2)
+    got = torch.searchsorted(seq.to("tpu"), values.to("tpu"))
+    assert got.shape == (0, 2) and got.dtype == torch.int64
+    x = torch.empty(5, 0, 5)
+    torch.testing.assert_close(torch.nonzero_static(x.to("tpu"), size=3, fill_value=-2).cpu(),
+                               torch.nonzero_static(x, size=3, fill_value=-2))
 
 
 def test_dropout_mask_and_gradient():
@@ -260,3 +414,26 @@ def test_mlp_with_dropout_eval():
     expected = model(x)
     got = copy.deepcopy(model).to("tpu")(x.to("tpu"))
     torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dim", [0, 1, None])
+def test_weight_norm_forward_and_backward(dim):
+    """nn.utils.weight_norm (EnCodec, UniSpeech, WavTokenizer): _weight_norm_interface and
+    its backward."""
+    import warnings
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        conv = torch.nn.utils.weight_norm(torch.nn.Conv1d(3, 4, 3), dim=dim)
+    x = torch.randn(2, 3, 8)
+
+    def run(device):
+        m = conv.to(device)  # weight_norm's computed weight holds weight_g/weight_v
+        m.zero_grad()
+        y = m(x.to(device))
+        (y * y).sum().backward()
+        return [y.detach().cpu()] + [p.grad.cpu().clone() for p in m.parameters()]
+
+    want = run("cpu")
+    torch.testing.assert_close(run("tpu"), want, rtol=1e-4, atol=1e-5)

@@ -248,4 +248,31 @@ def register() -> types.ModuleType:
     # cpu and tpu tensors are not shallow-copy compatible, so without swapping, _apply
     # makes a new Parameter per module.
     torch.__future__.set_swap_module_params_on_conversion(True)
+    _apply_falls_back_from_swap()
     return mod
+
+
+def _apply_falls_back_from_swap() -> None:
+    """Swapping needs the parameter held by nobody else; an autograd graph may hold it
+    (nn.utils.weight_norm keeps `weight` computed from weight_g/weight_v from the start,
+    a CPU forward's outputs kept alive). There CUDA's `param.data = ...` still works; here
+    the module that refused is converted again without swapping: its parameters become
+    new Parameter objects, as torch does for any device pair it cannot shallow-copy."""
+    apply = torch.nn.Module._apply
+    if getattr(apply, "_tpu_fallback", False):
+        return
+
+    def _apply(self, fn, recurse=True):
+        try:
+            return apply(self, fn, recurse)
+        except RuntimeError as e:
+            if "Couldn't swap" not in str(e) or not torch.__future__.get_swap_module_params_on_conversion():
+                raise
+        torch.__future__.set_swap_module_params_on_conversion(False)
+        try:
+            return apply(self, fn, recurse)
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(True)
+
+    _apply._tpu_fallback = True
+    torch.nn.Module._apply = _apply

@@ -335,9 +335,14 @@ def _nonfinite_message(t) -> str:
             f"first at index {list(first)}: {h[first].item()})")
 
 
+# results that hold -inf by design: ctc_loss's log_alpha marks unreachable states with it
+_MAY_BE_INFINITE = {"aten::_ctc_loss": {1}}
+
+
 def check_finite(plan, outs, snapshot) -> None:
+    allowed = _MAY_BE_INFINITE.get(plan.op._schema.name, ())
     for k, t in enumerate(outs):
-        if not _is_float(t.dtype):
+        if not _is_float(t.dtype) or k in allowed:
             continue
         metrics.count("debug.nan_checks")
         rec = _storage.record(t.untyped_storage(), t.dtype)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -68,6 +69,31 @@ def _leaky_relu(x, negative_slope=0.01):
 @pointwise(aten.leaky_relu_backward.default, operands=2)
 def _leaky_relu_backward(grad, x, negative_slope, self_is_result):
     return jnp.where(x > 0, grad, grad * _like(negative_slope, grad))
+
+
+@lowering(aten.rrelu_with_noise.default, aten.rrelu_with_noise_functional.default)
+def _rrelu_with_noise(self, noise, lower=0.125, upper=1 / 3, training=False, _torch_generator=None,
+                      *, generator):
+    """-> (result, new noise). Training draws the slope of every non-positive element from
+    U(lower, upper) and records it in noise (1 elsewhere), as torch's CPU kernel; eval is
+    leaky_relu with the mean slope and leaves noise alone. (The schema's positional
+    Generator arrives as None; the key comes as `generator=`.)"""
+    x = self.astype(_opmath(self.dtype))
+    if not training:
+        return jnp.where(x > 0, x, x * _like((lower + upper) / 2, x)), noise
+    slope = jax.random.uniform(generator, x.shape, x.dtype, lower, upper)
+    negative = x <= 0
+    return jnp.where(negative, x * slope, x), jnp.where(negative, slope, 1)
+
+
+@lowering(aten.rrelu_with_noise_backward.default)
+def _rrelu_with_noise_backward(grad_output, self, noise, lower, upper, training, self_is_result):
+    grad, x = _operands(grad_output, self)
+    # torch uses the recorded slopes only when the range is not a single value
+    mean_slope = jnp.where(x > 0, grad, grad * _like((lower + upper) / 2, grad))
+    if not training:
+        return mean_slope
+    return jnp.where(upper - lower > 1e-6, grad * noise, mean_slope)
 
 
 @pointwise(aten._prelu_kernel.default, operands=2)

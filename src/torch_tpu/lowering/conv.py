@@ -1,13 +1,15 @@
-"""Convolution, pooling and upsampling, forward and backward, for 1, 2 and 3 spatial dims.
+"""Convolution, pooling, upsampling and grid sampling, forward and backward, for 1, 2 and 3
+spatial dims.
 
 Layouts are torch's (N, C, *spatial) inputs and (O, I/groups, *kernel) weights, which are
 lax.conv_general_dilated's defaults. Backward ops that are linear in their input
 (convolution, average pooling, upsampling) are the JAX vjp of the forward lowering, so
-forward and backward can never disagree; max pooling scatters through its indices, as
-torch's kernels do.
+forward and backward can never disagree, and so is grid sampling's; max pooling (fractional
+too) scatters through its indices, as torch's kernels do.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -16,6 +18,7 @@ import numpy as np
 from jax import lax
 
 from .nn import _opmath
+from .pointwise import _rounded
 from .registry import aten, lowering
 
 
@@ -192,6 +195,77 @@ def _max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, pa
     return _scatter_by_index(grad_output, indices, self.shape, 3)
 
 
+# ---------------------------------------------------------------- fractional max pooling
+def _fractional_starts(sample, size, out, pool):
+    """torch's generate_intervals: where each of the `out` windows starts, from a plane's
+    sample u in [0, 1): int((i + u) * alpha) - int(u * alpha) with alpha = (size - pool) /
+    (out - 1), the last window flush with the end. The arithmetic rounds to the sample's
+    dtype after every step, as torch's scalar_t arithmetic does."""
+    dtype = sample.dtype
+
+    def rounded(v):
+        return _rounded(v, dtype)
+
+    u = sample.astype(_opmath(sample).dtype)[..., None]
+    i = jnp.arange(out, dtype=u.dtype)
+    alpha = rounded(jnp.asarray(size - pool, u.dtype) / max(out - 1, 1))
+    starts = (jnp.trunc(rounded(rounded(i + u) * alpha))
+              - jnp.trunc(rounded(u * alpha))).astype(jnp.int64)
+    return jnp.where(i == out - 1, size - pool, starts)
+
+
+def _fractional_max_pool(x, kernel, output_size, samples, sample_axes):
+    """Max over pseudo-random windows: per plane, window starts from `samples` (N, C, nd),
+    whose entry sample_axes[d] drives spatial dim d. Scans each window in row-major order
+    keeping the first maximum, a NaN replacing it (torch's `val > max || isnan(val)`)."""
+    nd = len(kernel)
+    if x.ndim == nd + 1:  # unbatched (C, *spatial): samples are (1, C, nd)
+        best, index = _fractional_max_pool(x[None], kernel, output_size, samples, sample_axes)
+        return best[0], index[0]
+    spatial = x.shape[-nd:]
+    starts = [_fractional_starts(samples[..., a], size, out, k)
+              for a, size, out, k in zip(sample_axes, spatial, output_size, kernel)]
+    strides = [math.prod(spatial[d + 1:]) for d in range(nd)]
+    # the flat in-plane index of each window's first element, (N, C, *output_size)
+    base = 0
+    for d, (st, stride) in enumerate(zip(starts, strides)):
+        base = base + (st * stride).reshape(st.shape[:2] + tuple(
+            st.shape[-1] if e == d else 1 for e in range(nd)))
+    planes = x.reshape(x.shape[:2] + (math.prod(spatial),))  # sizes spelled out: N may be 0
+    best = jnp.full(base.shape, -jnp.inf, x.dtype)
+    best_index = base
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        index = base + sum(o * s for o, s in zip(offset, strides))
+        flat = index.reshape(planes.shape[:2] + (math.prod(output_size),))
+        val = jnp.take_along_axis(planes, flat, axis=2)
+        val = val.reshape(base.shape)
+        take = (val > best) | jnp.isnan(val)
+        best, best_index = jnp.where(take, val, best), jnp.where(take, index, best_index)
+    return best, best_index
+
+
+@lowering(aten.fractional_max_pool2d.default)
+def _fractional_max_pool2d(self, kernel_size, output_size, random_samples):
+    # a plane's samples are (w, h)
+    return _fractional_max_pool(self, kernel_size, output_size, random_samples, (1, 0))
+
+
+@lowering(aten.fractional_max_pool3d.default)
+def _fractional_max_pool3d(self, kernel_size, output_size, random_samples):
+    # a plane's samples are (t, h, w)
+    return _fractional_max_pool(self, kernel_size, output_size, random_samples, (0, 1, 2))
+
+
+@lowering(aten.fractional_max_pool2d_backward.default)
+def _fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _scatter_by_index(grad_output, indices, self.shape, 2)
+
+
+@lowering(aten.fractional_max_pool3d_backward.default)
+def _fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _scatter_by_index(grad_output, indices, self.shape, 3)
+
+
 # ---------------------------------------------------------------- average pooling
 def _avg_pool(x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
     kernel, stride, padding, dilation = _pool_args(nd, kernel, stride, padding)
@@ -361,6 +435,15 @@ def _max_unpool3d(self, indices, output_size, stride, padding):
     return _max_unpool(self, indices, output_size)
 
 
+# ---------------------------------------------------------------- channel shuffle
+@lowering(aten.channel_shuffle.default)
+def _channel_shuffle(self, groups):
+    # (N, g, C/g, *) -> (N, C/g, g, *): ShuffleNet's interleaving of the groups' channels
+    n, c = self.shape[:2]
+    x = self.reshape((n, groups, c // groups) + self.shape[2:])
+    return jnp.swapaxes(x, 1, 2).reshape(self.shape)
+
+
 # ---------------------------------------------------------------- im2col / col2im
 def _im2col(x, kernel, dilation, padding, stride):
     """(N, C, H, W) -> (N, C * kh * kw, L): every window as a column, channel-major, as
@@ -440,12 +523,14 @@ def _cubic_weights(t):
     return [far(t + 1), near(t), near(1 - t), far(2 - t)]
 
 
-def _interp_matrix(size, out, align_corners, scale, dtype, cubic):
+def _interp_matrix(size, out, align_corners, scale, dtype, cubic, antialias=False):
     """(out, size) weights of torch's linear or cubic interpolation, with the source
     positions computed in the float type torch uses (area_pixel_compute_source_index)."""
     if out == size:  # torch copies when the size does not change, whatever the scale
         return np.eye(size)
     ft = np.float64 if dtype == jnp.float64 else np.float32
+    if antialias:
+        return _antialias_matrix(size, out, align_corners, scale, ft, cubic)
     dst = np.arange(out, dtype=ft)
     if align_corners:
         src = dst * (ft(size - 1) / ft(out - 1) if out > 1 else ft(0))
@@ -468,10 +553,43 @@ def _interp_matrix(size, out, align_corners, scale, dtype, cubic):
     return m
 
 
-def _interpolate(x, output_size, align_corners, scales, cubic=False):
+def _aa_filter(x, cubic):
+    """torch's antialiasing filters: the triangle, or Keys' cubic with a = -0.5 (not the
+    -0.75 of plain bicubic)."""
+    x = np.abs(x)
+    if not cubic:
+        return np.where(x < 1, 1 - x, 0).astype(x.dtype)
+    a = x.dtype.type(-0.5)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1, near, np.where(x < 2, far, 0)).astype(x.dtype)
+
+
+def _antialias_matrix(size, out, align_corners, scale, ft, cubic):
+    """torch's _compute_weights_aa: output i averages the inputs within `support` of its
+    center scale * (i + 0.5) under the filter stretched by the scale when downsampling,
+    normalized to sum 1. align_corners changes only the scale."""
+    if align_corners:
+        s = ft(size - 1) / ft(out - 1) if out > 1 else ft(0)
+    else:
+        s = ft(_scale_value(size, out, scale))
+    half = ft(2 if cubic else 1)  # half the filter's width
+    support, invscale = (half * s, ft(1) / s) if s >= 1 else (half, ft(1))
+    m = np.zeros((out, size), ft)
+    for i in range(out):
+        center = s * ft(i + 0.5)
+        lo = max(int(center - support + ft(0.5)), 0)
+        hi = min(int(center + support + ft(0.5)), size)
+        w = _aa_filter((np.arange(lo, hi).astype(ft) - center + ft(0.5)) * invscale, cubic)
+        total = w.sum(dtype=ft)
+        m[i, lo:hi] = w / total if total != 0 else w
+    return m
+
+
+def _interpolate(x, output_size, align_corners, scales, cubic=False, antialias=False):
     x = _opmath(x)
     nd = len(output_size)
-    mats = [_interp_matrix(size, out, align_corners, scale, x.dtype, cubic)
+    mats = [_interp_matrix(size, out, align_corners, scale, x.dtype, cubic, antialias)
             for size, out, scale in zip(x.shape[-nd:], output_size, scales)]
     return _contract_trailing(x, mats)
 
@@ -494,14 +612,17 @@ def _register_nearest(name, exact):
                              input_size)
 
 
-def _register_interpolation(name, cubic):
+def _register_interpolation(name, cubic, antialias=False):
+    def resample(x, output_size, align_corners, scales):
+        return _interpolate(x, output_size, align_corners, scales, cubic, antialias)
+
     @lowering(getattr(aten, name).default)
     def forward(self, output_size, align_corners, *scales):
-        return _interpolate(self, output_size, align_corners, scales, cubic)
+        return resample(self, output_size, align_corners, scales)
 
     @lowering(getattr(aten, name + "_backward").default)
     def backward(grad_output, output_size, input_size, align_corners, *scales):
-        return _transpose_of(lambda x: _interpolate(x, output_size, align_corners, scales, cubic),
+        return _transpose_of(lambda x: resample(x, output_size, align_corners, scales),
                              grad_output, input_size)
 
 
@@ -512,3 +633,99 @@ for _nd, _linear in ((1, "upsample_linear1d"), (2, "upsample_bilinear2d"),
     _register_nearest(f"_upsample_nearest_exact{_nd}d", exact=True)
     _register_interpolation(_linear, cubic=False)
 _register_interpolation("upsample_bicubic2d", cubic=True)
+_register_interpolation("_upsample_bilinear2d_aa", cubic=False, antialias=True)
+_register_interpolation("_upsample_bicubic2d_aa", cubic=True, antialias=True)
+
+
+# ---------------------------------------------------------------- grid sampling
+_BILINEAR, _NEAREST = 0, 1  # GridSamplerInterpolation (2: bicubic)
+_BORDER, _REFLECTION = 1, 2  # GridSamplerPadding (0: zeros)
+
+
+def _unnormalize(coord, size, align_corners):
+    """A grid coordinate in [-1, 1] -> a position in input pixels."""
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _clip(x, size):
+    # where, not jnp.clip: torch's gradient is 0 on the bounds themselves, not 1/2
+    return jnp.where(x <= 0, 0, jnp.where(x >= size - 1, size - 1, x))
+
+
+def _reflect(x, twice_low, twice_high):
+    """torch's reflect_coordinates: x mirrored at low and high until it lies between."""
+    if twice_low == twice_high:
+        return jnp.zeros_like(x)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    x = jnp.abs(x - low)
+    extra = jnp.fmod(x, span)
+    even = jnp.fmod(jnp.floor(x / span), 2) == 0
+    return jnp.where(even, extra + low, span - extra + low)
+
+
+def _padded(x, size, padding_mode, align_corners):
+    """torch's compute_coordinates: the position a sample outside the input reads from
+    (zeros padding keeps it, and the read gives 0)."""
+    if padding_mode == _BORDER:
+        return _clip(x, size)
+    if padding_mode == _REFLECTION:
+        twice = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
+        return _clip(_reflect(x, *twice), size)
+    return x
+
+
+@lowering(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
+def _grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners):
+    x, g = _opmath(input), _opmath(grid)
+    nd = x.ndim - 2
+    sizes = x.shape[2:]
+    out_shape = x.shape[:2] + g.shape[1:-1]
+    if x.size == 0:
+        return jnp.zeros(out_shape, x.dtype)
+    # the grid's last axis is (x, y[, z]): the spatial axes (D,) H, W in reverse
+    pos = [_unnormalize(g[..., nd - 1 - d], sizes[d], align_corners) for d in range(nd)]
+    channels_last = jnp.moveaxis(x, 1, -1)
+    batch = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * nd)
+
+    def read(idx):
+        """The input at integer-valued positions (one array per spatial dim), (N, *out, C);
+        0 outside the input."""
+        inside = True
+        for i, s in zip(idx, sizes):
+            inside = inside & (i >= 0) & (i <= s - 1)
+        safe = [jnp.clip(i, 0, s - 1).astype(jnp.int32) for i, s in zip(idx, sizes)]
+        return jnp.where(inside[..., None], channels_last[(batch, *safe)], 0)
+
+    if interpolation_mode == _NEAREST:
+        out = read([jnp.round(_padded(p, s, padding_mode, align_corners))  # half to even
+                    for p, s in zip(pos, sizes)])
+    elif interpolation_mode == _BILINEAR:
+        pos = [_padded(p, s, padding_mode, align_corners) for p, s in zip(pos, sizes)]
+        lo = [jnp.floor(p) for p in pos]
+        out = 0
+        for corner in itertools.product((0, 1), repeat=nd):
+            weight = 1
+            for p, low, c in zip(pos, lo, corner):
+                weight = weight * (p - low if c else low + 1 - p)
+            out = out + read([low + c for low, c in zip(lo, corner)]) * weight[..., None]
+    else:  # bicubic, 2d only: 4x4 taps at the unpadded position, each tap padded itself
+        lo = [jnp.floor(p) for p in pos]
+        weights = [_cubic_weights(p - low) for p, low in zip(pos, lo)]
+        out = 0
+        for ky, kx in itertools.product(range(4), repeat=2):
+            taps = [jnp.trunc(_padded(low - 1 + k, s, padding_mode, align_corners))
+                    for low, k, s in zip(lo, (ky, kx), sizes)]
+            out = out + read(taps) * (weights[0][ky] * weights[1][kx])[..., None]
+    return jnp.moveaxis(out, -1, 1)
+
+
+@lowering(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
+def _grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+                           align_corners, output_mask):
+    _, vjp = jax.vjp(
+        lambda x, g: _grid_sampler(x, g, interpolation_mode, padding_mode, align_corners),
+        _opmath(input), _opmath(grid))
+    grad_input, grad_grid = vjp(_opmath(grad_output))
+    return grad_input if output_mask[0] else None, grad_grid

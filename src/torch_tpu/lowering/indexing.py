@@ -12,6 +12,8 @@ selects positions of a fixed-shape result, so those lowerings stay static.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -360,9 +362,11 @@ def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=N
     if seq.ndim == 1:
         out = jnp.searchsorted(seq, values, side=side)
     else:
-        # one sorted row per leading index, searched for that row's own values
-        rows = seq.reshape(-1, seq.shape[-1])
-        vals = values.reshape(rows.shape[0], -1)
+        # one sorted row per leading index, searched for that row's own values (sizes
+        # spelled out: -1 is ambiguous when a dim is 0)
+        lead = math.prod(seq.shape[:-1])
+        rows = seq.reshape(lead, seq.shape[-1])
+        vals = values.reshape(lead, values.shape[-1])
         out = jax.vmap(lambda r, v: jnp.searchsorted(r, v, side=side))(rows, vals)
         out = out.reshape(values.shape)
     return out.astype(_index_dtype(out_int32))
@@ -386,6 +390,8 @@ def _nonzero(self):
 @lowering(aten.nonzero_static.default)
 def _nonzero_static(self, *, size, fill_value=-1):
     # static shape: the first `size` True positions, then rows of fill_value
+    if self.size == 0:  # jnp.nonzero pads an empty input with zeros, not fill_value
+        return jnp.full((size, self.ndim), fill_value, jnp.int64)
     flat = self.reshape(-1) if self.ndim == 0 else self
     coords = jnp.nonzero(flat, size=size, fill_value=fill_value)
     return jnp.stack(coords, axis=-1).astype(jnp.int64)[:, :self.ndim]
@@ -438,7 +444,9 @@ def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=Non
         axis = 0
     else:
         axis = _dim(dim, self.ndim)
-        x = jnp.moveaxis(self, axis, 0).reshape(self.shape[axis], -1)
+        # (an explicit width: reshape cannot infer -1 when the tensor is empty)
+        x = jnp.moveaxis(self, axis, 0).reshape(self.shape[axis], math.prod(
+            d for i, d in enumerate(self.shape) if i != axis))
     n = x.shape[0]
     # a run starts where a slice differs from the one before it
     starts = jnp.concatenate([jnp.ones((min(n, 1),), jnp.bool_), jnp.any(x[1:] != x[:-1], axis=1)])

@@ -507,6 +507,8 @@ def _cdist_forward(x1, x2, p, compute_mode):
 def _cdist_backward(grad, x1, x2, p, cdist):
     """Gradient of cdist wrt x1, with torch's conventions: zero where the distance is 0
     (and, for p < 1, where a coordinate difference is 0)."""
+    if grad.size == 0 or x1.size == 0 or x2.size == 0:  # torch: zeros of x1's shape
+        return jnp.zeros(x1.shape, x1.dtype)
     diff = x1[..., :, None, :] - x2[..., None, :, :]
     dist = cdist[..., None]
     g = grad[..., None]

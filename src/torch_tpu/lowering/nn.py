@@ -1,5 +1,5 @@
-"""Neural-network ops: softmax, the normalizations (layer, batch, group), losses, embedding,
-dropout and glu, forward and backward.
+"""Neural-network ops: softmax, the normalizations (layer, batch, group), losses, embedding
+and embedding_bag, dropout and glu, forward and backward.
 
 Reduced-precision floats (bf16, f16) compute in float32, as torch's CPU and CUDA kernels
 do (`at::opmath_type`); the executor casts results back to torch's result dtype. Ops with
@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .pointwise import _promote
@@ -95,6 +96,25 @@ def _moments(x, axes):
     mean = jnp.mean(x, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)  # biased, as torch normalizes
     return mean, var
+
+
+def _weight_norm(v, g, dim):
+    """nn.utils.weight_norm: w = v * g / |v|, the norm over every dim but `dim` (all of
+    them for dim=-1), kept with size 1 so that it broadcasts."""
+    axes = tuple(i for i in range(v.ndim) if i != dim % v.ndim) if dim != -1 else tuple(range(v.ndim))
+    norm = jnp.sqrt(jnp.sum(jnp.square(v.astype(jnp.float32)), axis=axes, keepdims=True))
+    return (v * (g / norm).astype(v.dtype)).astype(v.dtype), norm.astype(g.dtype)
+
+
+@lowering(aten._weight_norm_interface.default)
+def _weight_norm_interface(v, g, dim=0):
+    return _weight_norm(v, g, dim)
+
+
+@lowering(aten._weight_norm_interface_backward.default)
+def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    _, vjp = jax.vjp(lambda v, g: _weight_norm(v, g, dim)[0], saved_v, saved_g)
+    return vjp(grad_w)
 
 
 @lowering(aten.native_layer_norm.default)
@@ -205,6 +225,22 @@ def _native_batch_norm_backward(grad_out, input, weight, running_mean, running_v
     grad_weight = jnp.sum(g * xhat, axis=axes) if output_mask[1] else None
     grad_bias = jnp.sum(g, axis=axes) if output_mask[2] else None
     return grad_input, grad_weight, grad_bias
+
+
+@lowering(aten._batch_norm_with_update.default, aten._batch_norm_with_update_functional.default)
+def _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd, running_mean, running_var = _batch_norm(
+        input, weight, bias, running_mean, running_var, True, momentum, eps)
+    # the empty reserve buffer stands where cudnn keeps its workspace
+    return out, mean, invstd, jnp.zeros((0,), jnp.uint8), running_mean, running_var
+
+
+@lowering(aten.batch_norm_backward.default)
+def _batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
+                         update, eps, output_mask, reserve):
+    # save_var holds the inverse std, as native_batch_norm's save_invstd
+    return _native_batch_norm_backward(grad_out, input, weight, running_mean, running_var,
+                                       save_mean, save_var, update, eps, output_mask)
 
 
 def _grouped(x, n, group):
@@ -321,6 +357,188 @@ def _binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None
     return _reduce(loss, reduction)
 
 
+# ---------------------------------------------------------------- margin losses
+def _frames(x):
+    """A (C,), (N, C) or 0-dim input as (N, C) frames: torch's nframe and dim."""
+    return x.reshape(1 if x.ndim <= 1 else x.shape[0], 1 if x.ndim == 0 else x.shape[-1])
+
+
+@lowering(aten.multi_margin_loss.default)
+def _multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
+    """sum over i != y of max(0, margin - x[y] + x[i])^p * weight[y], over C; the `where`
+    makes the gradient 0 at z == 0, as torch's `z > 0` test does."""
+    x = _frames(_opmath(self))
+    t = target.reshape(-1)
+    z = margin - jnp.take_along_axis(x, t[:, None], axis=1) + x
+    h = jnp.where(p == 1, z, z * z)
+    if weight is not None:
+        h = h * _opmath(weight)[t][:, None]
+    others = jnp.arange(x.shape[1]) != t[:, None]
+    return _reduce(jnp.sum(jnp.where(others & (z > 0), h, 0), axis=1) / x.shape[1], reduction)
+
+
+@lowering(aten.multi_margin_loss_backward.default)
+def _multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None,
+                                reduction=_MEAN):
+    out, vjp = jax.vjp(lambda x: _multi_margin_loss(x, target, p, margin, weight, reduction),
+                       _opmath(self))
+    return vjp(_opmath(grad_output).reshape(out.shape))[0]
+
+
+def _multilabel_targets(target, classes):
+    """-> (valid, safe targets, is_target): a frame's targets are its entries up to the
+    first -1; is_target marks the classes they name."""
+    t = _frames(target)
+    valid = jnp.cumprod(t >= 0, axis=1).astype(jnp.bool_)
+    safe = jnp.where(valid, t, 0)
+    rows = jnp.arange(t.shape[0])[:, None]
+    is_target = jnp.zeros((t.shape[0], classes), jnp.bool_).at[rows, safe].max(valid)
+    return valid, safe, is_target
+
+
+def _multilabel_margin(x, target, reduction):
+    """sum over targets j and non-targets i of max(0, 1 - (x[j] - x[i])), over C (a target
+    named twice counts twice, as in torch)."""
+    x = _frames(_opmath(x))
+    valid, safe, is_target = _multilabel_targets(target, x.shape[1])
+    z = 1 - jnp.take_along_axis(x, safe, axis=1)[:, :, None] + x[:, None, :]
+    keep = valid[:, :, None] & ~is_target[:, None, :] & (z > 0)
+    loss = jnp.sum(jnp.where(keep, z, 0), axis=(1, 2)) / x.shape[1]
+    return _reduce(loss, reduction), is_target
+
+
+@lowering(aten.multilabel_margin_loss_forward.default)
+def _multilabel_margin_loss_forward(self, target, reduction):
+    loss, is_target = _multilabel_margin(self, target, reduction)
+    return loss, is_target.reshape(target.shape)
+
+
+@lowering(aten.multilabel_margin_loss_backward.default)
+def _multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+    out, vjp = jax.vjp(lambda x: _multilabel_margin(x, target, reduction)[0], _opmath(self))
+    return vjp(_opmath(grad_output).reshape(out.shape))[0]
+
+
+# ---------------------------------------------------------------- CTC loss
+def _logsumexp3(a, b, c):
+    """log(e^a + e^b + e^c) shifted by the max as torch's CTC kernel forms it (shift 0 when
+    all are -inf); log(0) goes through a where, so an unreachable state's gradient is 0,
+    not NaN."""
+    m = jnp.maximum(jnp.maximum(a, b), c)
+    m = jnp.where(m == -jnp.inf, 0, m)
+    total = jnp.exp(a - m) + jnp.exp(b - m) + jnp.exp(c - m)
+    return jnp.where(total > 0, jnp.log(jnp.where(total > 0, total, 1)), -jnp.inf) + m
+
+
+def _ctc_states(log_probs, targets, target_lengths, blank):
+    """The extended targets (blank, l1, blank, l2, ..., blank) per batch, S = 2 * max target
+    length + 1 states: -> (log_probs (N, T, C), labels (N, S), valid (N, S), skip (N, S),
+    emit (N, T, S)). Targets are (N, max length) or every batch's concatenated; a state
+    may skip the blank before it when its label differs from the one two back."""
+    lp = jnp.swapaxes(_opmath(log_probs), 0, 1)
+    n, steps = lp.shape[:2]
+    tl = np.asarray(target_lengths, np.int64)
+    s = np.arange(2 * int(tl.max(initial=0)) + 1)
+    label = np.maximum((s - 1) // 2, 0)  # which target an odd state emits
+    valid = s < 2 * tl[:, None] + 1
+    if targets.ndim == 1:
+        starts = np.concatenate([[0], np.cumsum(tl)[:-1]]).astype(np.int64)
+        labels = jnp.take(targets, starts[:, None] + label, mode="clip")
+    else:
+        labels = jnp.take(targets, label, axis=1, mode="clip")
+    labels = jnp.where((s % 2 == 1) & valid, labels, blank)
+    emit = jnp.take_along_axis(lp, jnp.broadcast_to(labels[:, None, :], (n, steps, s.size)),
+                               axis=2)
+    skip = (s >= 2) & (labels != jnp.roll(labels, 2, axis=1))
+    return lp, labels, valid, skip, emit
+
+
+def _shift(x, k, fill=-jnp.inf):
+    """x[:, s - k] along the state axis (k < 0 looks ahead), `fill` past the ends."""
+    pad = jnp.full(x.shape[:1] + (abs(k),), fill, x.dtype)
+    if k > 0:
+        return jnp.concatenate([pad, x[:, :-k]], axis=1)
+    return jnp.concatenate([x[:, -k:], pad], axis=1)
+
+
+def _ctc_alpha(emit, valid, skip, target_lengths):
+    """torch's forward variables log_alpha (N, T, S): from blank or the first label at
+    t = 0, then from the same state, the one before, or (skip) the one two before."""
+    tl = np.asarray(target_lengths, np.int64)[:, None]
+    s = np.arange(valid.shape[1])
+    first = jnp.where((s == 0) | ((s == 1) & (tl > 0)), emit[:, 0], -jnp.inf)
+
+    def step(prev, e):
+        two = jnp.where(skip, _shift(prev, 2), -jnp.inf)
+        cur = jnp.where(valid, _logsumexp3(prev, _shift(prev, 1), two) + e, -jnp.inf)
+        return cur, cur
+
+    _, rest = lax.scan(step, first, jnp.swapaxes(emit[:, 1:], 0, 1))
+    return jnp.concatenate([first[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
+
+
+def _ctc_beta(emit, valid, skip, input_lengths, target_lengths):
+    """torch's backward variables log_beta (N, T, S): from the last label or the final
+    blank at each batch's last step, back through the mirrored transitions; -inf after."""
+    il = np.asarray(input_lengths, np.int64)[:, None]
+    tl = np.asarray(target_lengths, np.int64)[:, None]
+    s = np.arange(valid.shape[1])
+    ends = (s == 2 * tl) | ((s == 2 * tl - 1) & (tl > 0))
+    skip_ahead = _shift(skip, -2, False)
+
+    def step(after, xs):
+        e, t = xs
+        two = jnp.where(skip_ahead, _shift(after, -2), -jnp.inf)
+        cur = jnp.where(valid, _logsumexp3(after, _shift(after, -1), two) + e, -jnp.inf)
+        cur = jnp.where(t == il - 1, jnp.where(ends, e, -jnp.inf),
+                        jnp.where(t < il - 1, cur, -jnp.inf))
+        return cur, cur
+
+    steps = emit.shape[1]
+    none = jnp.full(valid.shape, -jnp.inf, emit.dtype)
+    _, beta = lax.scan(step, none, (jnp.swapaxes(emit, 0, 1), np.arange(steps)), reverse=True)
+    return jnp.swapaxes(beta, 0, 1)
+
+
+@lowering(aten._ctc_loss.default)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """-> (negative log-likelihood (N,), log_alpha). zero_infinity concerns the gradient
+    here: ctc_loss zeroes infinite losses itself."""
+    _, _, valid, skip, emit = _ctc_states(log_probs, targets, target_lengths, blank)
+    alpha = _ctc_alpha(emit, valid, skip, target_lengths)
+    il, tl = np.asarray(input_lengths, np.int64), np.asarray(target_lengths, np.int64)
+    # the last two states at each batch's last step (one without targets)
+    batch = np.arange(alpha.shape[0])
+    last = alpha[batch, np.maximum(il - 1, 0)]
+    end, before = last[batch, 2 * tl], last[batch, np.maximum(2 * tl - 1, 0)]
+    ll = jnp.where(tl > 0, _logsumexp3(end, before, -jnp.inf), end)
+    return -jnp.where(il == 0, jnp.where(tl == 0, 0, -jnp.inf), ll), alpha
+
+
+@lowering(aten._ctc_loss_backward.default)
+def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths,
+                       neg_log_likelihood, log_alpha, blank, zero_infinity=False):
+    """torch's formula, exp(lp) - exp(log(sum of alpha * beta over the states of label c)
+    + nll - lp): the gradient for log_probs that come from log_softmax (whose backward
+    cancels the exp(lp) term). 0 past each input's length, and with zero_infinity for an
+    infinite loss."""
+    lp, labels, valid, skip, emit = _ctc_states(log_probs, targets, target_lengths, blank)
+    beta = _ctc_beta(emit, valid, skip, input_lengths, target_lengths)
+    both = _opmath(log_alpha) + beta  # (N, T, S)
+    mine = labels[:, None, :, None] == jnp.arange(lp.shape[2])  # (N, 1, S, C)
+    terms = jnp.where(mine, both[..., None], -jnp.inf)
+    m = jnp.max(terms, axis=2)
+    m = jnp.where(m == -jnp.inf, 0, m)
+    lcab = jnp.log(jnp.sum(jnp.exp(terms - m[:, :, None]), axis=2)) + m  # (N, T, C)
+    nll = _opmath(neg_log_likelihood)[:, None, None]
+    g = (jnp.exp(lp) - jnp.exp(lcab + nll - lp)) * _opmath(grad)[:, None, None]
+    active = np.arange(lp.shape[1]) < np.asarray(input_lengths)[:, None]
+    g = jnp.where(active[..., None], g, 0)
+    if zero_infinity:
+        g = jnp.where(jnp.isinf(nll), 0, g)
+    return jnp.swapaxes(g, 0, 1)
+
+
 # ---------------------------------------------------------------- regression losses
 def _diff(self, target):
     a, b = _promote(self, target)
@@ -389,6 +607,97 @@ def _embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sc
     if padding_idx != -1:  # torch's "no padding" value; any other index gets no gradient
         g = jnp.where((idx == padding_idx)[:, None], 0, g)
     return jnp.zeros((num_weights, dim), g.dtype).at[idx].add(g)
+
+
+# ---------------------------------------------------------------- embedding_bag
+_BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2
+
+
+def _bag_of(indices, offsets):
+    """The bag of each index position: bag b holds indices[offsets[b]:offsets[b + 1]]. With
+    include_last_offset the positions past offsets[-1] get bag num_bags, which the
+    segment ops drop."""
+    pos = jnp.arange(indices.shape[0], dtype=offsets.dtype)
+    return jnp.searchsorted(offsets, pos, side="right").astype(indices.dtype) - 1
+
+
+def _bag_rows(grad, bag):
+    # positions in no bag (past offsets[-1]) read 0
+    return jnp.take(_opmath(grad), bag, axis=0, mode="fill", fill_value=0)
+
+
+@lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG_SUM,
+                   sparse=False, per_sample_weights=None, include_last_offset=False,
+                   padding_idx=-1):
+    """-> (output, offset2bag, bag_size, max_indices), the auxiliary results laid out as
+    torch's meta kernel (and CUDA) has them: offset2bag per index, bag_size per offset,
+    max_indices only for mode max (-1 for an empty bag)."""
+    num_bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    bag = _bag_of(indices, offsets)
+    counted = indices != padding_idx  # padding_idx entries belong to no bag's result
+    rows = _opmath(jnp.take(weight, indices, axis=0))
+    bag_size = jax.ops.segment_sum(counted.astype(indices.dtype), bag, num_bags)
+    filled = (bag_size > 0)[:, None]
+    if mode == _BAG_MAX:
+        vals = jnp.where(counted[:, None], rows, -jnp.inf)
+        best = jax.ops.segment_max(vals, bag, num_bags)
+        # the first position holding the maximum, as torch's strict `>` scan keeps
+        pos = jnp.arange(indices.shape[0])[:, None]
+        hit = vals == jnp.take(best, bag, axis=0, mode="fill", fill_value=jnp.nan)
+        first = jax.ops.segment_min(jnp.where(hit, pos, indices.shape[0]), bag, num_bags)
+        max_indices = jnp.where(filled, jnp.take(indices, first, mode="clip"), -1)
+        out = jnp.where(filled, best, 0)
+    else:
+        if per_sample_weights is not None:
+            rows = rows * _opmath(per_sample_weights)[:, None]
+        out = jax.ops.segment_sum(jnp.where(counted[:, None], rows, 0), bag, num_bags)
+        if mode == _BAG_MEAN:
+            out = out / jnp.maximum(bag_size, 1)[:, None]
+        max_indices = jnp.zeros((0,), indices.dtype)
+    bag_size = jnp.pad(bag_size, (0, offsets.shape[0] - num_bags))
+    return out, bag, bag_size, max_indices
+
+
+@lowering(aten._embedding_bag_dense_backward.default)
+def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
+                                  num_weights, scale_grad_by_freq, mode, per_sample_weights,
+                                  padding_idx=-1):
+    g = _opmath(grad)
+    dim = g.shape[1]
+    if mode == _BAG_MAX:
+        # each bag's gradient goes to the row that gave its maximum; empty bags (-1) drop
+        rows = jnp.where(maximum_indices >= 0, maximum_indices, num_weights)
+        return jnp.zeros((num_weights, dim), g.dtype).at[rows, jnp.arange(dim)].add(
+            g, mode="drop")
+    rows = _bag_rows(g, offset2bag)
+    if mode == _BAG_MEAN:
+        rows = rows / jnp.maximum(jnp.take(bag_size, offset2bag, mode="clip"), 1)[:, None]
+    if per_sample_weights is not None:
+        rows = rows * _opmath(per_sample_weights)[:, None]
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[indices].add(1)
+        rows = rows / counts[indices][:, None]
+    rows = jnp.where((indices == padding_idx)[:, None], 0, rows)
+    return jnp.zeros((num_weights, dim), g.dtype).at[indices].add(rows)
+
+
+@lowering(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                            num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                            padding_idx=-1):
+    # the dense gradient whatever `sparse` says: the tpu has no sparse tensors
+    return _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
+                                         num_weights, scale_grad_by_freq, mode,
+                                         per_sample_weights, padding_idx)
+
+
+@lowering(aten._embedding_bag_per_sample_weights_backward.default)
+def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
+                                               padding_idx=-1):
+    dots = jnp.sum(_bag_rows(grad, offset2bag) * _opmath(jnp.take(weight, indices, axis=0)),
+                   axis=1)
+    return jnp.where(indices == padding_idx, 0, dots)
 
 
 # ---------------------------------------------------------------- dropout, glu

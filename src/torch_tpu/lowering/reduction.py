@@ -1,4 +1,5 @@
-"""Reductions (sums, means, extrema, statistics, norms, logical), scans and sorting.
+"""Reductions (sums, means, extrema, statistics, norms, logical, per segment), scans, sorting
+and histograms.
 
 Accumulation follows torch: integer and bool sums and products accumulate in int64,
 bfloat16/float16 accumulate in float32 (torch's CPU and CUDA `acc_type`), and an explicit
@@ -10,11 +11,14 @@ canonicalizes NaN and zero in its comparator, so ascending order needs no key tr
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from .._runtime import jax_dtype
+from .creation import _ramp
 from .registry import aten, lowering
 
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
@@ -445,3 +449,190 @@ def _histc(self, bins=100, min=0, max=0):
     pos = jnp.where(x == hi, bins - 1, pos)
     inside = (x >= lo) & (x <= hi)
     return jnp.zeros((bins,), ct).at[jnp.where(inside, pos, bins)].add(1, mode="drop")
+
+
+# ---------------------------------------------------------------- segment_reduce
+def _segments(data, lengths, offsets, axis):
+    """-> (data as (rows, inner), segment id per row, number of segments, lengths):
+    the batch dims before `axis` each have their own segments (lengths is
+    data.shape[:axis] + (S,)), numbered batch-major. Rows past a batch's last segment get
+    the out-of-range id, which the segment ops drop."""
+    if offsets is None:
+        offsets = jnp.concatenate(
+            [jnp.zeros(lengths.shape[:-1] + (1,), lengths.dtype), jnp.cumsum(lengths, axis=-1)],
+            axis=-1)
+    batch = data.shape[:axis]
+    nb, size, count = math.prod(batch), data.shape[axis], offsets.shape[-1] - 1
+    bounds = offsets.reshape(nb, count + 1)
+    rows = jnp.arange(size, dtype=bounds.dtype)
+    seg = jax.vmap(lambda b: jnp.searchsorted(b, rows, side="right") - 1)(bounds)
+    seg = jnp.where((seg >= 0) & (seg < count), seg + count * jnp.arange(nb)[:, None],
+                    nb * count)
+    flat = data.reshape(nb * size, math.prod(data.shape[axis + 1:]))
+    lengths = jnp.diff(bounds, axis=-1).reshape(-1)
+    return flat, seg.reshape(-1), nb * count, lengths
+
+
+# reduce -> (the segment reduction, how `initial` joins its result)
+_SEGMENT_OPS = {"sum": (jax.ops.segment_sum, jnp.add), "mean": (jax.ops.segment_sum, jnp.add),
+                "prod": (jax.ops.segment_prod, jnp.multiply),
+                "max": (jax.ops.segment_max, jnp.maximum),
+                "min": (jax.ops.segment_min, jnp.minimum)}
+
+
+@lowering(aten.segment_reduce.default)
+def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
+                    unsafe=False, initial=None):
+    """torch's segment_reduce: `initial` starts every segment (max/min/sum/prod) or is
+    added to the sum before dividing (mean); an empty segment gives `initial`, else the
+    reduction's identity (NaN for mean). NaN wins max and min."""
+    axis = _axis(data, axis)
+    x = _float_acc(data)
+    flat, seg, n, counts = _segments(x, lengths, offsets, axis)
+    segment_op, join = _SEGMENT_OPS[reduce]
+    out = segment_op(flat, seg, n)
+    if reduce in ("max", "min"):
+        out = jnp.where(jax.ops.segment_max(jnp.isnan(flat), seg, n), jnp.nan, out)
+    if initial is not None:
+        out = join(initial, out)
+    if reduce == "mean":
+        c = counts[:, None]
+        empty = jnp.nan if initial is None else initial
+        out = jnp.where(c > 0, out / jnp.maximum(c, 1), empty)
+    shape = (lengths if lengths is not None else offsets[..., 1:]).shape
+    return out.reshape(shape + data.shape[axis + 1:])
+
+
+@lowering(aten._segment_reduce_backward.default)
+def _segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0,
+                             initial=None):
+    """Sum and mean spread the gradient (mean divides by the length); max and min share it
+    among the elements equal to the result; prod divides result by element, and for a
+    zero or NaN element takes the product of the others (and `initial`) instead."""
+    axis = _axis(data, axis)
+    x = _float_acc(data)
+    flat, seg, n, counts = _segments(x, lengths, offsets, axis)
+    inner = flat.shape[1]
+
+    def per_row(v):  # a per-segment (n, inner) value at every row; 0 past the segments
+        return jnp.take(v.reshape(n, inner), seg, axis=0, mode="fill", fill_value=0)
+
+    grad = _float_acc(grad).reshape(n, inner)
+    g = per_row(grad)
+    if reduce == "sum":
+        out = g
+    elif reduce == "mean":
+        out = per_row(grad / jnp.maximum(counts, 1)[:, None])
+    elif reduce in ("max", "min"):
+        y = per_row(_float_acc(output))
+        hit = (flat == y) | (jnp.isnan(flat) & jnp.isnan(y))
+        ties = jax.ops.segment_sum(hit.astype(flat.dtype), seg, n)
+        out = jnp.where(hit, per_row(grad / jnp.maximum(ties, 1)), 0)
+    else:
+        zero, nan = flat == 0, jnp.isnan(flat)
+        special = zero | nan
+        rest = jax.ops.segment_prod(jnp.where(special, 1, flat), seg, n)
+        if initial is not None:
+            rest = rest * initial
+        zeros = per_row(jax.ops.segment_sum(zero.astype(jnp.int32), seg, n)) - zero
+        nans = per_row(jax.ops.segment_sum(nan.astype(jnp.int32), seg, n)) - nan
+        others = jnp.where(nans > 0, jnp.nan, jnp.where(zeros > 0, 0, per_row(rest)))
+        y = per_row(_float_acc(output))
+        out = jnp.where(special, g * others, g * y / jnp.where(special, 1, flat))
+    return out.reshape(data.shape)
+
+
+# ---------------------------------------------------------------- histograms
+@lowering(aten.bincount.default)
+def _bincount(self, weights=None, minlength=0):
+    """The result's length is max(self) + 1: a concrete value, so this runs eagerly (the
+    executor's data-dependent path). torch counts in int64, and sums float32 weights in
+    float32, every other weight dtype in double."""
+    length = max(int(jnp.max(self, initial=-1)) + 1, minlength)
+    if weights is None:
+        return jnp.zeros((length,), jnp.int64).at[self].add(1)
+    dtype = jnp.float32 if weights.dtype == jnp.float32 else jnp.float64
+    return jnp.zeros((length,), dtype).at[self].add(weights.astype(dtype))
+
+
+def _samples(self, dims):
+    """histogramdd's samples: the last dim holds the coordinates."""
+    return self.reshape(math.prod(self.shape[:-1]) if dims else self.size, max(dims, 1))
+
+
+def _outer_edges(x, bins, range):
+    """torch's histogram bin edges per dim: `bins` equal bins over `range`, or over the
+    data's [min, max] per dim ([0, 1] without data) in double; an empty range widens by
+    0.5 on each side (numpy's rules). The edges are a linspace in the input's dtype."""
+    if range is not None:
+        lo = jnp.asarray(range[0::2], jnp.float64)
+        hi = jnp.asarray(range[1::2], jnp.float64)
+    elif x.shape[0] == 0:
+        lo, hi = jnp.zeros((x.shape[1],), jnp.float64), jnp.ones((x.shape[1],), jnp.float64)
+    else:
+        lo = jnp.min(x, axis=0).astype(jnp.float64)
+        hi = jnp.max(x, axis=0).astype(jnp.float64)
+    empty = lo == hi
+    lo, hi = jnp.where(empty, lo - 0.5, lo), jnp.where(empty, hi + 0.5, hi)
+    return [_ramp(lo[d], hi[d], n + 1, x.dtype) for d, n in enumerate(bins)]
+
+
+def _histogramdd(x, edges, weight, density, linear):
+    """Count (or sum `weight` of) the samples x (N, D) into the bins that `edges` (one
+    sorted vector per dim) bound. Bins are [e[i], e[i + 1]), the last one closed; samples
+    outside (and NaN) count nowhere. `linear` edges are equally spaced: torch then
+    estimates the bin by division and corrects it by a search of the neighbouring edges
+    (LINEAR_INTERPOLATION_WITH_LOCAL_SEARCH), which this reproduces."""
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    inside = jnp.ones(x.shape[:1], jnp.bool_)
+    flat = jnp.zeros(x.shape[:1], jnp.int64)
+    for d, (e, n) in enumerate(zip(edges, shape)):
+        v = x[:, d].astype(e.dtype)
+        inside = inside & (v >= e[0]) & (v <= e[-1])
+        if linear:
+            guess = jnp.where(inside, (v - e[0]) * n / (e[-1] - e[0]), 0).astype(jnp.int64)
+            first = jnp.maximum(guess - 1, 0)
+            stop = jnp.minimum(guess + 2, n + 1)
+            below = sum(((first + k < stop) & (jnp.take(e, first + k, mode="clip") <= v))
+                        for k in range(3))
+            pos = first + below - 1
+        else:
+            pos = jnp.searchsorted(e, v, side="right") - 1
+        flat = flat * n + jnp.where(pos == n, n - 1, pos)  # the last bin includes its end
+    w = jnp.ones(x.shape[:1], x.dtype) if weight is None else weight.reshape(-1)
+    size = math.prod(shape)
+    hist = jnp.zeros((size,), w.dtype).at[jnp.where(inside, flat, size)].add(
+        w, mode="drop").reshape(shape)
+    if density:
+        hist = hist / jnp.sum(hist)
+        for d, e in enumerate(edges):
+            hist = hist / jnp.diff(e).reshape((-1,) + (1,) * (len(edges) - 1 - d))
+    return hist
+
+
+@lowering(aten.histogram.bin_ct)
+def _histogram_bin_ct(self, bins=100, *, range=None, weight=None, density=False):
+    x = self.reshape(-1, 1)
+    edges = _outer_edges(x, [bins], range)
+    return _histogramdd(x, edges, weight, density, linear=True), edges[0]
+
+
+@lowering(aten.histogram.bins_tensor)
+def _histogram_bins_tensor(self, bins, *, weight=None, density=False):
+    return _histogramdd(self.reshape(-1, 1), [bins], weight, density, linear=False), bins
+
+
+@lowering(aten._histogramdd_bin_edges.default)
+def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
+    return _outer_edges(_samples(self, len(bins)), bins, range)
+
+
+@lowering(aten._histogramdd_from_bin_cts.default)
+def _histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):
+    x = _samples(self, len(bins))
+    return _histogramdd(x, _outer_edges(x, bins, range), weight, density, linear=True)
+
+
+@lowering(aten._histogramdd_from_bin_tensors.default)
+def _histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
+    return _histogramdd(_samples(self, len(bins)), bins, weight, density, linear=False)
