@@ -127,6 +127,19 @@ def statistics_close(cpu_runs: list, tpu_out) -> str | None:
 
 
 # ---------------------------------------------------------------- (values, indices) ops
+# op_db name -> result positions that are a kernel's scratch for its backward, not values:
+# batch norm's save_mean/save_invstd. torch's meta kernel (which CUDA and tpu follow) makes
+# them float32 (C,) in every mode; its CPU kernel makes them the input's dtype, and empty
+# in eval mode. Debug mode's CPU check leaves them out for the same reason.
+SCRATCH = {name: (1, 2) for name in ("native_batch_norm", "_native_batch_norm_legit",
+                                     "_batch_norm_with_update")}
+
+
+def without(out, positions):
+    """`out` with the results at `positions` left out."""
+    return tuple(x for i, x in enumerate(out) if i not in positions)
+
+
 # op_db name -> (position of `dim` among the args after the input, default dim, position
 # of `keepdim` or None). Ties make the indices of these ops ambiguous: any index whose
 # element equals the chosen value is valid.
