@@ -444,6 +444,8 @@ def _linalg_lstsq(self, b, rcond=None, *, driver=None):
 
 @lowering(aten.linalg_matrix_exp.default)
 def _linalg_matrix_exp(self):
+    if self.dtype in (jnp.bfloat16, jnp.float16):  # expm takes float32 and wider
+        return jax.scipy.linalg.expm(self.astype(jnp.float32)).astype(self.dtype)
     return jax.scipy.linalg.expm(self)
 
 

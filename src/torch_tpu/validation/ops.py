@@ -86,7 +86,12 @@ def _device_kwargs(kwargs: dict, device: str) -> dict:
     return out
 
 
-def place(sample, device: str, grad: bool = True):
+# op_db name -> positions in a sample's args of tensors the op takes on the host, whatever
+# the device (tensor_split's indices, as on CUDA)
+HOST_ARGS = {"tensor_split": {0}}
+
+
+def place(sample, device: str, grad: bool = True, name: str = ""):
     """(input, args, kwargs, leaves) of `sample` as fresh leaves on `device`."""
     made = []
 
@@ -96,7 +101,8 @@ def place(sample, device: str, grad: bool = True):
         return x
 
     inp = _map(sample.input, leaf)
-    args = _map(list(sample.args), leaf)
+    host = HOST_ARGS.get(name, ())
+    args = [a if i in host else _map(a, leaf) for i, a in enumerate(sample.args)]
     kwargs = _device_kwargs(_map(dict(sample.kwargs), leaf), device)
     return inp, args, kwargs, [x for x in made if x.requires_grad]
 
@@ -176,8 +182,8 @@ class _SeededOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _run(fn, sample, device, seed, grad=True, watch=None):
-    inp, args, kwargs, lv = place(sample, device, grad)
+def _run(fn, sample, device, seed, grad=True, watch=None, name=""):
+    inp, args, kwargs, lv = place(sample, device, grad, name)
     torch.manual_seed(seed)
     with watch if watch is not None else contextlib.nullcontext():
         return fn(inp, *args, **kwargs), lv
@@ -221,7 +227,7 @@ def check_sample(opinfo, sample, dtype, mode, check_grad: bool) -> dict:
     grad = check_grad and bool(cpu_leaves) and not (random or uninit)
     try:
         with torch_tpu.eager_mode(mode):
-            out, tpu_leaves = _run(fn, sample, "tpu", 0, grad=grad)
+            out, tpu_leaves = _run(fn, sample, "tpu", 0, grad=grad, name=name)
             got = _to_cpu(out)
     except _Timeout:
         raise
