@@ -327,3 +327,18 @@ def test_isin_overloads(invert):
     for args in [(a, torch.tensor([2, 5])), (a, 3), (3, a)]:
         targs = [x.to("tpu") if isinstance(x, torch.Tensor) else x for x in args]
         assert torch.equal(torch.isin(*targs, invert=invert).cpu(), torch.isin(*args, invert=invert))
+
+
+def test_index_with_host_index_tensors():
+    """As on CUDA, a device tensor takes index tensors from the host (ViLT indexes with
+    torch.multinomial's CPU result); other ops still refuse mixed devices."""
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    i = torch.tensor([2, 0])
+    assert torch.equal(t[i].cpu(), x[i])
+    assert torch.equal(t[i, 1:].cpu(), x[i, 1:])
+    t[i] = 5.0
+    x[i] = 5.0
+    assert torch.equal(t.cpu(), x)
+    with pytest.raises(RuntimeError, match="same device"):
+        t + torch.ones(3, 4)

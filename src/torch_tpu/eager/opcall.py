@@ -90,7 +90,8 @@ class OpPlan:
     """Per-overload facts, computed once."""
 
     __slots__ = ("op", "name", "lowering", "kinds", "names", "npos", "defaults", "mutable",
-                 "ret_alias", "seeded", "dynamic_shape", "cache", "nrets", "factory")
+                 "ret_alias", "seeded", "dynamic_shape", "cache", "nrets", "factory",
+                 "host_indices")
 
     def __init__(self, op, lowering):
         schema = op._schema
@@ -122,6 +123,8 @@ class OpPlan:
         self.seeded = torch.Tag.nondeterministic_seeded in op.tags
         self.dynamic_shape = torch.Tag.dynamic_output_shape in op.tags
         self.cache = {}
+        # like CUDA, advanced indexing of a device tensor takes index tensors on the host
+        self.host_indices = schema.name in _HOST_INDEX_OPS
 
     # ------------------------------------------------------------ per call (hot path)
     def normalize(self, args, kwargs):
@@ -160,6 +163,8 @@ class OpPlan:
                     parts.append(type(v))
                     dyns.append(device_scalar(v))
             elif k <= OPT_TENSOR_LIST:
+                if self.host_indices:
+                    v = _upload_indices(v)
                 parts.append(tuple([self._tensor_part(t, bufs, dyns, recs) for t in v]))
             elif k == SCALAR_LIST:
                 parts.append(tuple([type(x) for x in v]))
@@ -359,6 +364,15 @@ class OpPlan:
             return raw, out
 
         return fn
+
+
+_HOST_INDEX_OPS = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
+                   "aten::_unsafe_index", "aten::_unsafe_index_put"}
+
+
+def _upload_indices(indices):
+    return [t.to("tpu") if isinstance(t, torch.Tensor) and t.device.type == "cpu" else t
+            for t in indices]
 
 
 def _math_bits(x, conj, neg):
