@@ -470,3 +470,14 @@ def test_histc_matches_cpu(kw):
     torch.manual_seed(0)
     x = torch.randint(0, 8, (64,)).float() if kw.get("max") == 7 else torch.randn(64)
     assert torch.equal(torch.histc(x.to("tpu"), **kw).cpu(), torch.histc(x, **kw))
+
+
+def test_two_norm_of_tiny_values_does_not_vanish():
+    """XLA flushes subnormals to zero: squares of float32 values near 1e-22 vanish, and
+    x / x.norm() became inf (ALIGN's image embeddings in a shrunken config)."""
+    x = torch.randn(3, 5) * 1e-22
+    got = torch.linalg.vector_norm(x.to("tpu"), dim=-1).cpu()
+    want = torch.linalg.vector_norm(x.double(), dim=-1).float()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    unit = x.to("tpu") / x.to("tpu").norm(dim=-1, keepdim=True)
+    torch.testing.assert_close(unit.cpu(), (x.double() / x.double().norm(dim=-1, keepdim=True)).float())

@@ -223,6 +223,20 @@ def _logsumexp(self, dim, keepdim=False):
 
 
 # ---------------------------------------------------------------- norms
+def _two_norm(axes, keepdim):
+    """sqrt(sum(a^2)), with tiny inputs scaled up first: XLA flushes subnormal floats to
+    zero, so squares of float32 values below ~1e-19 vanish where torch's kernels keep
+    them as subnormals, and x / x.norm() on such tiny activations became inf (ALIGN).
+    Large inputs overflow to inf as torch's do."""
+    def fn(a):
+        m = jnp.max(a, axis=axes, keepdims=True, initial=0.0)
+        s = jnp.where((m > 0) & (m < 2.0 ** -60), m, 1.0).astype(a.dtype)
+        r = s * jnp.sqrt(jnp.sum(jnp.square(a / s), axis=axes, keepdims=True))
+        return r if keepdim else jnp.squeeze(r, axis=axes)
+
+    return fn
+
+
 def _vector_norm(x, ord, axes, keepdim):
     """sum(|x|^ord)^(1/ord) with torch's special orders inf, -inf and 0. `ord` is a
     Scalar, so it may be a traced value: the special cases are a `lax.switch`."""
@@ -239,7 +253,7 @@ def _vector_norm(x, ord, axes, keepdim):
         lambda a: reduce(jnp.min, a, initial=jnp.inf),
         lambda a: reduce(jnp.sum, (a != 0).astype(a.dtype)),
         lambda a: reduce(jnp.sum, a),
-        lambda a: jnp.sqrt(reduce(jnp.sum, a * a)),
+        _two_norm(axes, keepdim),
         lambda a: reduce(jnp.sum, a ** ord) ** (1.0 / ord),
     ]
     if not isinstance(ord, jax.core.Tracer):
