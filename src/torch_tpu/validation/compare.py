@@ -128,11 +128,12 @@ def statistics_close(cpu_runs: list, tpu_out) -> str | None:
 
 # ---------------------------------------------------------------- (values, indices) ops
 # op_db name -> result positions that are a kernel's scratch for its backward, not values:
-# batch norm's save_mean/save_invstd. torch's meta kernel (which CUDA and tpu follow) makes
-# them float32 (C,) in every mode; its CPU kernel makes them the input's dtype, and empty
-# in eval mode. Debug mode's CPU check leaves them out for the same reason.
+# the normalizations' saved statistics. torch's meta kernels (which CUDA and tpu follow)
+# make them float32 for half-precision inputs, and batch norm's (C,) in every mode; its CPU
+# kernels make them the input's dtype, and batch norm's empty in eval mode. Debug mode's
+# CPU check leaves them out for the same reason.
 SCRATCH = {name: (1, 2) for name in ("native_batch_norm", "_native_batch_norm_legit",
-                                     "_batch_norm_with_update")}
+                                     "_batch_norm_with_update", "native_layer_norm")}
 
 
 def without(out, positions):
