@@ -224,6 +224,8 @@ def _reduce_into(self, where, src, reduce, include_self=True):
 def _scatter(self, dim, index, src, reduce):
     """scatter's src is a tensor, or a scalar value for every index position."""
     src = jnp.asarray(src)
+    if index.size == 0:  # nothing to write; torch skips its shape checks then
+        return self
     if self.ndim == 0:  # torch allows 0-dim self and index: one element at position 0
         return _scatter(self.reshape(1), 0, index.reshape(1), src.reshape(-1)[:1], reduce).reshape(())
     dim = _dim(dim, self.ndim)
@@ -257,6 +259,8 @@ def _scatter_add(self, dim, index, src):
 
 @lowering(aten.scatter_reduce.two)
 def _scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    if index.size == 0:
+        return self
     if self.ndim == 0:
         return _scatter_reduce(self.reshape(1), 0, index.reshape(1), src.reshape(1), reduce,
                                include_self=include_self).reshape(())
