@@ -437,3 +437,29 @@ def test_weight_norm_forward_and_backward(dim):
 
     want = run("cpu")
     torch.testing.assert_close(run("tpu"), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls,kw", [(torch.nn.LSTM, {}), (torch.nn.GRU, {}),
+                                    (torch.nn.LSTMCell, {}), (torch.nn.GRUCell, {}),
+                                    (torch.nn.LSTM, dict(bias=False, num_layers=2)),
+                                    (torch.nn.GRU, dict(bias=False, batch_first=True))])
+def test_recurrent_layers_forward_and_backward(cls, kw):
+    """nn.LSTM/GRU and their cells reach the fused cells (_thnn_fused_*), as on CUDA."""
+    import copy
+
+    torch.manual_seed(0)
+    m = cls(4, 3, **kw)
+    x = torch.randn(5, 4) if "Cell" in cls.__name__ else torch.randn(2, 5, 4)
+
+    def run(device):
+        mm = copy.deepcopy(m).to(device)
+        xx = x.clone().to(device).requires_grad_()
+        out = mm(xx)
+        y = out[0] if isinstance(out, tuple) else out
+        loss = (y * y).sum()
+        if isinstance(out, tuple) and isinstance(out[1], tuple):  # LSTM's (h, c)
+            loss = loss + out[1][1].sum()
+        loss.backward()
+        return [y.detach().cpu(), xx.grad.cpu()] + [p.grad.cpu() for p in mm.parameters()]
+
+    torch.testing.assert_close(run("tpu"), run("cpu"), rtol=1e-4, atol=1e-5)

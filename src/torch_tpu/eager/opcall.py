@@ -474,6 +474,10 @@ def meta_run(plan, vals):
         return plan.op(*margs[:plan.npos], **kw)
     except NotImplementedError:
         return NotImplemented
+    except (AttributeError, TypeError):
+        # a Python meta kernel that breaks on arguments the dispatcher accepted (torch's
+        # _thnn_fused_lstm_cell meta reads .device of absent biases): shapes from JAX
+        return NotImplemented
     except RuntimeError as e:
         msg = str(e)
         if plan.dynamic_shape:  # e.g. repeat_interleave without output_size: no meta shape

@@ -729,3 +729,65 @@ def _glu_backward(grad_output, self, dim):
     s = jax.nn.sigmoid(b)
     return jnp.concatenate([g * s, g * a * s * (1 - s)], axis=dim)
 
+
+
+# ---------------------------------------------------------------- fused RNN cells
+# nn.LSTM/GRU (and their cells) on a device other than CPU reach these fused cells, as on
+# CUDA. The workspace holds what the backward needs; its layout is this file's own (the
+# meta kernels fix only its size: 4H for LSTM, 5H for GRU).
+def _gates(input_gates, hidden_gates, input_bias, hidden_bias):
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+    if hidden_bias is not None:
+        hidden_gates = hidden_gates + hidden_bias
+    return input_gates, hidden_gates
+
+
+@lowering(aten._thnn_fused_lstm_cell.default)
+def _fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    gi, gh = _gates(input_gates, hidden_gates, input_bias, hidden_bias)
+    i, f, g, o = jnp.split(gi + gh, 4, axis=1)
+    i, f, g, o = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
+    cy = f * cx + i * g
+    hy = o * jnp.tanh(cy)
+    return hy, cy, jnp.concatenate([i, f, g, o], axis=1)
+
+
+@lowering(aten._thnn_fused_lstm_cell_backward_impl.default)
+def _fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    i, f, g, o = jnp.split(workspace, 4, axis=1)
+    tanh_cy = jnp.tanh(cy)
+    d_cy = jnp.zeros_like(cy) if grad_cy is None else grad_cy
+    d_o = jnp.zeros_like(cy)
+    if grad_hy is not None:
+        d_cy = d_cy + grad_hy * o * (1 - tanh_cy * tanh_cy)
+        d_o = grad_hy * tanh_cy
+    grad_gates = jnp.concatenate([d_cy * g * i * (1 - i), d_cy * cx * f * (1 - f),
+                                  d_cy * i * (1 - g * g), d_o * o * (1 - o)], axis=1)
+    grad_bias = jnp.sum(grad_gates, axis=0) if has_bias else None
+    return grad_gates, d_cy * f, grad_bias
+
+
+@lowering(aten._thnn_fused_gru_cell.default)
+def _fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    gi, gh = _gates(input_gates, hidden_gates, input_bias, hidden_bias)
+    i_r, i_z, i_n = jnp.split(gi, 3, axis=1)
+    h_r, h_z, h_n = jnp.split(gh, 3, axis=1)
+    r = jax.nn.sigmoid(i_r + h_r)
+    z = jax.nn.sigmoid(i_z + h_z)
+    n = jnp.tanh(i_n + r * h_n)
+    hy = (1 - z) * n + z * hx
+    return hy, jnp.concatenate([r, z, n, hx, h_n], axis=1)
+
+
+@lowering(aten._thnn_fused_gru_cell_backward.default)
+def _fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, hx, h_n = jnp.split(workspace, 5, axis=1)
+    d_n = grad_hy * (1 - z) * (1 - n * n)
+    d_z = grad_hy * (hx - n) * z * (1 - z)
+    d_r = d_n * h_n * r * (1 - r)
+    grad_input = jnp.concatenate([d_r, d_z, d_n], axis=1)
+    grad_hidden = jnp.concatenate([d_r, d_z, d_n * r], axis=1)
+    # without biases torch returns undefined tensors, which autograd drops; zeros do too
+    sum0 = (lambda g: jnp.sum(g, axis=0)) if has_bias else (lambda g: jnp.zeros(g.shape[1:], g.dtype))
+    return grad_input, grad_hidden, grad_hy * z, sum0(grad_input), sum0(grad_hidden)
