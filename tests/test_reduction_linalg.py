@@ -481,3 +481,13 @@ def test_two_norm_of_tiny_values_does_not_vanish():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
     unit = x.to("tpu") / x.to("tpu").norm(dim=-1, keepdim=True)
     torch.testing.assert_close(unit.cpu(), (x.double() / x.double().norm(dim=-1, keepdim=True)).float())
+
+
+@pytest.mark.parametrize("p,dim", [(2, 0), (1, 1), (float("inf"), -1)])
+def test_renorm(p, dim):
+    x = torch.randn(4, 5, 3) * 3
+    torch.testing.assert_close(torch.renorm(x.to("tpu"), p, dim, 2.5).cpu(),
+                               torch.renorm(x, p, dim, 2.5))
+    y = x.to("tpu")
+    y.renorm_(p, dim, 1.0)
+    torch.testing.assert_close(y.cpu(), torch.renorm(x, p, dim, 1.0))

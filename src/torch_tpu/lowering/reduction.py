@@ -270,6 +270,16 @@ def _linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     return _vector_norm(x, ord, _axes(self, dim), keepdim)
 
 
+@lowering(aten.renorm.default)
+def _renorm(self, p, dim, maxnorm):
+    """Each slice along `dim` whose p-norm exceeds maxnorm is scaled down to it, by
+    maxnorm / (norm + 1e-7) as torch's kernel does."""
+    axes = tuple(i for i in range(self.ndim) if i != dim % max(self.ndim, 1))
+    norm = _vector_norm(self, p, axes, True)
+    scale = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0)
+    return (self * scale.astype(self.dtype)).astype(self.dtype)
+
+
 @lowering(aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype,
           aten.norm.ScalarOpt_dtype)
 def _norm(self, p=2, dim=None, keepdim=False, *, dtype=None):

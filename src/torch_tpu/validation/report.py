@@ -142,7 +142,6 @@ CAUSES = {
     "pca_lowrank": "randomized algorithm: singular vectors are unique only up to sign",
     "svd_lowrank": "randomized algorithm: singular vectors are unique only up to sign",
     "hash_tensor": "not lowered yet",
-    "renorm": "not lowered yet",
     "nn.functional.pdist": "not lowered yet",
 }
 
