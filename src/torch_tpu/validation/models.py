@@ -116,9 +116,6 @@ def _run_cpu(model, config, task):
         except Exception as e:  # the next input set may suit the model better
             err = err or e  # the most likely input set's error is the one to report
             continue
-        # a failed input set's traceback holds its frames, whose tensors saved the weights
-        # for backward: drop it, or Module.to("tpu") cannot swap those parameters
-        err = None
         grads = None
         if task == "causal-lm" and "input_ids" in kw:
             try:
@@ -197,10 +194,6 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                 return {**res, "status": "cpu_ok", "seconds": _since(t0)}
             key, want = main_output(out)
             want = want.detach().cpu()
-            # the CPU outputs' autograd graph holds the parameters: Module.to("tpu") swaps
-            # each parameter in place (to keep tied weights tied), which needs them free
-            out = None
-            gc.collect()
             if on_tpu is not None:
                 on_tpu()
             try:
