@@ -15,7 +15,7 @@ import torch
 
 from . import _runtime, _storage, metrics
 from .eager import modes
-from .eager.opcall import OpPlan
+from .eager.opcall import OpPlan, device_scalar
 from .lowering import decomp, registry
 
 _LIB = torch.library.Library("aten", "IMPL")
@@ -105,7 +105,7 @@ def _register_table():
 
 
 def _register(op, kernel, seen):
-    if op.overloadpacket.__name__ in _CUSTOM or op in seen:
+    if op.overloadpacket.__name__ in _CUSTOM or op in _FILLS or op in seen:
         return
     seen.add(op)
     _LIB.impl(op, kernel, "PrivateUse1")
@@ -174,6 +174,34 @@ def _copy_from_and_resize(self, dst):
     if dst.shape != self.shape:
         dst.resize_(self.shape)
     return copy_(dst, self)
+
+
+def _fill_kernel(op, value_of):
+    """fill_/zero_: a tensor that covers its whole storage gets a new constant buffer, in
+    one XLA call that reads nothing (torch.zeros/ones/full are empty + fill_). Other
+    tensors (views, conj/neg views) and DeferAndFuse, which records the fill instead,
+    take the lowering."""
+    plan = plan_for(op)
+
+    def kernel(self, *args):
+        ex = modes.executor()
+        if not ex.deferred and not self.is_conj() and not self.is_neg() and _covers_storage(self):
+            value = value_of(*args)
+            if not isinstance(value, torch.Tensor):
+                metrics.counters[ex.counter] += 1
+                st = self.untyped_storage()
+                jdt = _runtime.jax_dtype(self.dtype)
+                _storage.set_buffer(st, _storage.constant(self.numel(), jdt, device_scalar(value)),
+                                    self.numel(), jdt)
+                return self
+        return ex.execute(plan, plan.normalize((self, *args), {}))
+
+    kernel.__name__ = f"tpu_{plan.name}"
+    return kernel
+
+
+_FILLS = {torch.ops.aten.zero_.default: lambda: 0,
+          torch.ops.aten.fill_.Scalar: lambda value: value}
 
 
 def _local_scalar_dense(self):
@@ -266,4 +294,6 @@ def register() -> None:
                      ("_copy_from_and_resize", _copy_from_and_resize),
                      ("_local_scalar_dense", _local_scalar_dense)]:
         _LIB.impl(name, fn, "PrivateUse1")
+    for op, value_of in _FILLS.items():
+        _LIB.impl(op, _fill_kernel(op, value_of), "PrivateUse1")
     _FALLBACK_LIB.fallback(fallback, "PrivateUse1")

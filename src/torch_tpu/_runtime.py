@@ -94,9 +94,23 @@ def to_device(cpu: torch.Tensor) -> jax.Array:
         host = src.view(carrier).numpy().view(jdt)
     else:
         host = src.numpy()
-    # device_put may alias host memory on XLA:CPU; a private copy keeps the torch
+    # the transfer may alias host memory on XLA:CPU; a private copy keeps the torch
     # tensor and the XLA buffer independent.
-    return jax.device_put(np.array(host, copy=True), device())
+    return _uploader()(np.array(host, copy=True))
+
+
+_UPLOADER = None
+
+
+def _uploader():
+    """A jitted identity placed on our device: jit's C++ path moves a numpy argument to
+    the device in ~20 us, where `jax.device_put`'s Python path takes 70-160 us (an input
+    batch per training step)."""
+    global _UPLOADER
+    if _UPLOADER is None:
+        on_device = jax.sharding.SingleDeviceSharding(device())
+        _UPLOADER = jax.jit(lambda a: a, in_shardings=on_device, out_shardings=on_device)
+    return _UPLOADER
 
 
 def to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:

@@ -45,14 +45,19 @@ def buffer(storage, dtype):
     return record(storage, dtype)[0]
 
 
-@functools.lru_cache(maxsize=None)
-def _zeros_fn(n, dtype):
-    return jax.jit(lambda: jnp.zeros((n,), dtype))
-
-
 def _zeros(n, dtype):
-    with jax.default_device(_runtime.device()):
-        return _zeros_fn(n, dtype)()
+    return _constant_fn(n, jnp.dtype(dtype))(0)
+
+
+def constant(n, dtype, value):
+    """A new flat buffer of `n` elements of jax `dtype`, all `value` (a device scalar)."""
+    return _constant_fn(n, jnp.dtype(dtype))(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _constant_fn(n, dtype):
+    on_device = jax.sharding.SingleDeviceSharding(_runtime.device())
+    return jax.jit(lambda v: jnp.full((n,), v, dtype), out_shardings=on_device)
 
 
 def set_buffer(storage, buf, n=None, dtype=None):

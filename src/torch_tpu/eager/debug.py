@@ -63,12 +63,16 @@ _SKIP = (os.path.dirname(torch.__file__) + os.sep, _PACKAGE + os.sep)
 
 
 def _outside(frame):
+    """-> (the first frame outside torch and torch_tpu, whether a backward call was
+    passed on the way there)."""
+    in_backward = False
     while frame is not None:
         fn = frame.f_code.co_filename
         if not fn.startswith(_SKIP) and not fn.startswith("<frozen"):
-            return frame
+            return frame, in_backward
+        in_backward = in_backward or frame.f_code.co_name == "_engine_run_backward"
         frame = frame.f_back
-    return None
+    return None, in_backward
 
 
 def _describe_frame(frame) -> str:
@@ -79,11 +83,12 @@ def _describe_frame(frame) -> str:
 
 def user_location() -> str:
     """Where user code called the op running now: the first frame outside torch and
-    torch_tpu. Backward ops run on the autograd engine's device thread, which has no user
-    frame; then the line is the one that called backward(), found on the waiting thread."""
-    frame = _outside(sys._getframe(1))
+    torch_tpu. An op of a backward pass names the line that called backward(). Backward
+    runs on the calling thread (_device._backward_on_calling_thread); on an autograd
+    worker thread, which has no user frame, that line is found on the waiting thread."""
+    frame, in_backward = _outside(sys._getframe(1))
     if frame is not None:
-        return _describe_frame(frame)
+        return ("backward() called at " if in_backward else "") + _describe_frame(frame)
     me = threading.get_ident()
     for tid, top in sys._current_frames().items():
         if tid == me:
@@ -92,7 +97,7 @@ def user_location() -> str:
         while f is not None and f.f_code.co_name != "_engine_run_backward":
             f = f.f_back
         if f is not None:
-            frame = _outside(f)
+            frame, _ = _outside(f)
             if frame is not None:
                 return "backward() called at " + _describe_frame(frame)
     return "<no user frame: called from torch internals>"
