@@ -177,22 +177,25 @@ def _copy_from_and_resize(self, dst):
 
 
 def _fill_kernel(op, value_of):
-    """fill_/zero_: a tensor that covers its whole storage gets a new constant buffer, in
-    one XLA call that reads nothing (torch.zeros/ones/full are empty + fill_). Other
-    tensors (views, conj/neg views) and DeferAndFuse, which records the fill instead,
-    take the lowering."""
+    """fill_/zero_ of a tensor that covers its whole storage: the new buffer is a
+    constant, made by one XLA call that reads nothing (torch.zeros/ones/full are empty +
+    fill_), or in DeferAndFuse a pending constant with no inputs. Other tensors (views,
+    conj/neg views) and tensor values take the lowering."""
     plan = plan_for(op)
 
     def kernel(self, *args):
         ex = modes.executor()
-        if not ex.deferred and not self.is_conj() and not self.is_neg() and _covers_storage(self):
+        if not self.is_conj() and not self.is_neg() and _covers_storage(self):
             value = value_of(*args)
             if not isinstance(value, torch.Tensor):
-                metrics.counters[ex.counter] += 1
                 st = self.untyped_storage()
-                jdt = _runtime.jax_dtype(self.dtype)
-                _storage.set_buffer(st, _storage.constant(self.numel(), jdt, device_scalar(value)),
-                                    self.numel(), jdt)
+                if ex.deferred:
+                    ex.constant(st, self.dtype, value)
+                else:
+                    metrics.counters[ex.counter] += 1
+                    jdt = _runtime.jax_dtype(self.dtype)
+                    n = self.numel()
+                    _storage.set_buffer(st, _storage.constant(n, jdt, device_scalar(value)), n, jdt)
                 return self
         return ex.execute(plan, plan.normalize((self, *args), {}))
 

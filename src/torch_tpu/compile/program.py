@@ -25,13 +25,13 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _runtime, _storage, metrics
+from .. import _C, _runtime, _storage, metrics
 from .._device import default_generator
 from ..eager.modes import flush_pending
 from .lower import GraphLowering
 
 _ATTR = _storage.ATTR
-_TPU = torch.device("tpu", 0)
+_empty = _C.empty_with_storage  # (shape, strides or None, dtype) -> (tensor, its storage)
 _SEED_MASK = 0x7FFFFFFFFFFFFFFF
 _MANY_LAYOUTS = 8
 
@@ -191,11 +191,8 @@ class Program:
             kind = spec.kind
             if kind == OUT_TPU:
                 flat = next(it)
-                if spec.stride is None:
-                    t = torch.empty(spec.shape, dtype=spec.dtype, device=_TPU)
-                else:
-                    t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=_TPU)
-                _storage.set_buffer(t.untyped_storage(), flat, spec.n, spec.jdt)
+                t, st = _empty(spec.shape, spec.stride, spec.dtype)
+                _storage.set_buffer(st, flat, spec.n, spec.jdt)
                 outs.append(t)
             elif kind == OUT_INPUT:
                 outs.append(args[spec.value])

@@ -23,6 +23,8 @@
 #include <ATen/ops/is_set_to_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -408,6 +410,29 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   AT_FORALL_PROMOTE(_KERNEL_PRIVATEUSEONE_PROMOTE)
 }
 
+// A new tpu tensor and its storage's Python object, for the executors to attach an XLA
+// buffer to: the torch.empty + untyped_storage() pair of every op result, without the
+// Python argument parsing and the dispatcher (~3 us -> <1 us per result).
+py::tuple empty_with_storage(c10::IntArrayRef size, py::object stride, at::ScalarType dtype) {
+  const auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  at::Tensor t;
+  if (stride.is_none()) {
+    t = at::detail::empty_generic(size, &g_allocator, keys, dtype, std::nullopt);
+  } else {
+    const auto strides = stride.cast<std::vector<int64_t>>();
+    t = at::detail::empty_strided_generic(size, strides, &g_allocator, keys, dtype);
+  }
+  PyObject* storage = THPStorage_Wrap(t.storage());
+  if (storage == nullptr) throw py::error_already_set();
+  PyObject* tensor = THPVariable_Wrap(std::move(t));
+  if (tensor == nullptr) {
+    Py_DECREF(storage);
+    throw py::error_already_set();
+  }
+  return py::make_tuple(py::reinterpret_steal<py::object>(tensor),
+                        py::reinterpret_steal<py::object>(storage));
+}
+
 }  // namespace torch_tpu
 
 // ---------------------------------------------------------------- python surface
@@ -424,6 +449,7 @@ PYBIND11_MODULE(_C, m) {
     *torch_tpu::g_sync_fn = std::move(fn);
   });
   m.def("mark_realized", &torch_tpu::mark_realized);
+  m.def("empty_with_storage", &torch_tpu::empty_with_storage);
   m.def("set_lazy_allocations", [](bool lazy) { torch_tpu::g_lazy_alloc = lazy; });
   m.def("is_pinned_ptr", [](uint64_t p) {
     std::lock_guard<std::mutex> lock(torch_tpu::g_pinned_mu);

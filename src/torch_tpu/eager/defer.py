@@ -16,16 +16,16 @@ from __future__ import annotations
 import sys
 import weakref
 
-import torch
+import jax.numpy as jnp
 
-from .. import _storage, metrics
+from .. import _C, _runtime, _storage, metrics
 from . import fuse
 from .graph import Lazy, Node
-from .opcall import run_eager
+from .opcall import Entry, device_scalar, run_eager
 from .strict import assemble, new_tensor
 
 _ATTR = _storage.ATTR
-_TPU = torch.device("tpu", 0)
+_empty = _C.empty_with_storage
 _COUNTERS = metrics.counters
 
 MAX_NODES = 4096       # graph-size cap: flush before a graph gets slow to compile
@@ -74,8 +74,7 @@ class DeferExecutor:
         outs = node.outs
         fresh = []
         for (shape, dtype), rec in zip(entry.fresh, entry.out_recs):
-            t = torch.empty(shape, dtype=dtype, device=_TPU)
-            st = t.untyped_storage()
+            t, st = _empty(shape, None, dtype)
             lazy = Lazy(node, len(outs), weakref.ref(st))
             outs.append(lazy)
             setattr(st, _ATTR, (lazy, rec[0], rec[1]))
@@ -88,6 +87,23 @@ class DeferExecutor:
             setattr(st, _ATTR, (lazy, old[1], old[2]))
         self._after_record(id(entry))
         return assemble(entry.structure, vals, fresh)
+
+    def constant(self, storage, dtype, value=0):
+        """Make the storage's whole buffer `value` (fill_/zero_ of all of it, or a fresh
+        storage an op reads): a node with no inputs, so nothing is read or allocated
+        before the flush, and a value nothing keeps never gets a buffer. -> its record."""
+        jdt = _runtime.jax_dtype(dtype)
+        n = storage.nbytes() // jdt.itemsize
+        entry = _constant_entry(n, jdt)
+        node = Node(entry, [], [device_scalar(value)], _user_line(sys._getframe(1)))
+        self.nodes.append(node)
+        lazy = Lazy(node, 0, weakref.ref(storage))
+        node.outs.append(lazy)
+        rec = (lazy, n, jdt)
+        setattr(storage, _ATTR, rec)
+        _COUNTERS["dispatches.defer_and_fuse"] += 1
+        self._after_record(id(entry))
+        return rec
 
     def _run_now(self, plan, vals):
         """Data-dependent shapes (nonzero, ...): flush, then run the op on concrete values."""
@@ -128,3 +144,18 @@ class DeferExecutor:
         self._reset_loop()
         metrics.count(f"flush.{reason}")
         fuse.flush(nodes)
+
+
+_CONSTANTS: dict = {}
+
+
+def _constant_entry(n, jdt):
+    """The cached entry of a constant flat buffer of n elements (the value is a dynamic
+    scalar, so one graph serves any fill value)."""
+    entry = _CONSTANTS.get((n, jdt))
+    if entry is None:
+        entry = Entry(None, [((n,), _runtime.torch_dtype(jdt))], (("fresh",),), [])
+        entry.raw = lambda v: [jnp.full((n,), v, jdt)]
+        entry.key = ("tpu::constant", ((n,), str(jdt)))
+        _CONSTANTS[(n, jdt)] = entry
+    return entry

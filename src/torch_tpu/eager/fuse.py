@@ -179,6 +179,7 @@ def flush(nodes) -> None:
         rec = getattr(st, _ATTR)
         setattr(st, _ATTR, (arr, rec[1], rec[2]))
         _storage.realized(st)
-    for node in nodes:
+    for node in nodes:  # break the node <-> Lazy cycles: refcounting frees them now
         node.frame = None
+        node.outs = None
 

@@ -223,7 +223,13 @@ class OpPlan:
                 raise DeviceMismatchError(
                     f"Expected all tensors to be on the same device, but found at least two "
                     f"devices, tpu:0 and {t.device}! (when checking argument for {self.name})")
-        return t, _storage.record(t.untyped_storage(), t.dtype)
+        st = t.untyped_storage()
+        from .modes import executor  # (modes imports the executors, which import this)
+
+        ex = executor()
+        if ex.deferred:  # zeros, recorded rather than allocated now
+            return t, ex.constant(st, t.dtype)
+        return t, _storage.record(st, t.dtype)
 
     # ------------------------------------------------------------ per new key
     def compile(self, key, vals):

@@ -5,23 +5,20 @@ print) does.
 """
 from __future__ import annotations
 
-import torch
-
-from .. import _storage, metrics
+from .. import _C, _storage, metrics
 from .opcall import run_eager
 
 _COUNTERS = metrics.counters
 
 
-_TPU = torch.device("tpu", 0)
 _ATTR = _storage.ATTR
+_empty = _C.empty_with_storage  # (shape, strides or None, dtype) -> (tensor, its storage)
 
 
 def new_tensor(shape, dtype, flat, rec=None):
     """A tpu tensor owning `flat`. Outside DeferAndFuse the allocator already counts the
     new storage as device memory."""
-    t = torch.empty(shape, dtype=dtype, device=_TPU)
-    st = t.untyped_storage()
+    t, st = _empty(shape, None, dtype)
     if rec is None:
         _storage.set_buffer(st, flat)
     else:
