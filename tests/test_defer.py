@@ -268,3 +268,33 @@ def test_metrics_printed_at_exit_with_env():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "TORCH_TPU_METRICS": "1"}, timeout=300)
     assert "torch_tpu metrics" in out.stdout and "dispatches.strict" in out.stdout
+
+
+def test_gc_paused_while_a_graph_is_pending_and_user_choice_kept():
+    import gc
+
+    assert gc.isenabled()
+    with torch_tpu.eager_mode(DEFER):
+        y = _pending_value()
+        assert not gc.isenabled()  # recording objects must not be promoted by collections
+        y.cpu()
+        assert gc.isenabled()
+        gc.disable()  # the user's own choice survives a flush
+        try:
+            z = _pending_value()
+            z.cpu()
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+
+
+def test_fills_record_pending_constants():
+    with torch_tpu.eager_mode(DEFER):
+        before = torch.tpu.memory_allocated()
+        a = torch.zeros(4, 4, device="tpu")
+        b = torch.full((3,), 2.5, device="tpu")
+        c = torch.empty(5, device="tpu")
+        c[1:3] = 7.0  # a fresh storage that an op reads: pending zeros, no buffer yet
+        assert torch.tpu.memory_allocated() == before
+        assert a.sum().item() == 0 and b.tolist() == [2.5] * 3
+        assert c.tolist() == [0.0, 7.0, 7.0, 0.0, 0.0]
