@@ -216,3 +216,20 @@ def test_import_torch_alone_loads_the_device():
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode != 0  # autoload off: "tpu" is an unknown device until torch_tpu is imported
+
+
+def test_backward_runs_on_the_calling_thread():
+    import threading
+
+    threads = []
+    w = torch.ones(3, device="tpu", requires_grad=True)
+    y = w * 2
+    y.register_hook(lambda g: threads.append(threading.get_ident()))
+    y.sum().backward()
+    assert threads == [threading.get_ident()]  # no hand-off to an autograd device thread
+    assert w.grad.tolist() == [2.0, 2.0, 2.0]
+    assert torch.autograd.is_multithreading_enabled()  # the switch is restored afterwards
+    with torch.autograd.set_multithreading_enabled(False):  # a caller's own choice stays
+        (w * 3).sum().backward()
+        assert not torch.autograd.is_multithreading_enabled()
+    assert w.grad.tolist() == [5.0, 5.0, 5.0]

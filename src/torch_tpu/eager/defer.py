@@ -41,14 +41,23 @@ MAX_NODES = 4096       # graph-size cap: flush before a graph gets slow to compi
 MIN_PERIOD = 10        # shortest op block that counts as a loop iteration
 
 
+_INTERNAL: dict = {}  # code object -> whether it is torch's or torch_tpu's
+
+
 def _user_line(frame):
     """(file, line) of the first caller outside torch and torch_tpu. Only the location is
     kept: holding the frame would keep the caller's locals (activations) alive until the
     flush, and they would become graph outputs."""
     while frame is not None:
-        name = frame.f_code.co_filename
-        if "/torch/" not in name and "torch_tpu" not in name:
-            return (name, frame.f_lineno)
+        code = frame.f_code
+        internal = _INTERNAL.get(code)
+        if internal is None:
+            if len(_INTERNAL) > 10000:  # generated code (fx, exec) makes new code objects
+                _INTERNAL.clear()
+            name = code.co_filename
+            internal = _INTERNAL[code] = "/torch/" in name or "torch_tpu" in name
+        if not internal:
+            return (code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return ("<autograd>", 0)
 

@@ -126,6 +126,11 @@ class OpPlan:
         # like CUDA, advanced indexing of a device tensor takes index tensors on the host
         self.host_indices = schema.name in _HOST_INDEX_OPS
 
+    def __repr__(self):
+        # keys start with the plan (hashed by identity: OpOverload's hash is Python code),
+        # and DeferAndFuse's messages print that first element as the op's name
+        return str(self.op)
+
     # ------------------------------------------------------------ per call (hot path)
     def normalize(self, args, kwargs):
         vals = list(args)
@@ -138,7 +143,8 @@ class OpPlan:
         return vals
 
     def scan(self, vals):
-        """-> (key, bufs, dyns). Tensors give their view spec, numbers their type."""
+        """-> (key, bufs, dyns): key = (this plan, one part per argument[, shared]).
+        Tensors give their view spec, numbers their type."""
         parts = []
         bufs = []
         dyns = []
@@ -192,8 +198,8 @@ class OpPlan:
                 # _foreach_copy_ into slices of one flat buffer): their writes must chain
                 first: dict = {}
                 shared = tuple(first.setdefault(x, b) for b, x in enumerate(ids))
-                return (self.op, tuple(parts), shared), bufs, dyns
-        return (self.op, tuple(parts)), bufs, dyns
+                return (self, tuple(parts), shared), bufs, dyns
+        return (self, tuple(parts)), bufs, dyns
 
     def _tensor_part(self, t, bufs, dyns, recs=None):
         if t is None:
