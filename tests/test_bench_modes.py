@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from torch_tpu.bench import modes  # noqa: E402
+from torch_tpu.bench import modes, modes_report  # noqa: E402
 
 TINY = modes.Spec(hidden=16, layers=1, heads=2, kv_heads=1, vocab=64, seq=8, batch=2,
                   prompt=4, new_tokens=2, gen_batch=1)
@@ -42,6 +42,6 @@ def test_measuring_functions_and_report():
     assert rec.flushed_while_recording == 0
     assert rec.us["defer_record"] > 0 and rec.us["strict_dispatch"] > 0
 
-    text = modes.render([train, infer], rec, TINY, {modes.TRAIN: 1, modes.INFER: 1, "record": 2}, 1.0)
+    text = modes_report.render([train, infer], rec, TINY, {modes.TRAIN: 1, modes.INFER: 1, "record": 2}, 1.0)
     assert "| Llama | train |" in text and "| Llama | infer |" in text
     assert "DeferAndFuse recording" in text

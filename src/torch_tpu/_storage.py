@@ -30,7 +30,7 @@ def record(storage, dtype):
     if rec is None:
         jdt = _runtime.jax_dtype(dtype)
         n = storage.nbytes() // jdt.itemsize
-        rec = (_zeros(n, jdt), n, jdt)
+        rec = (zeros(n, jdt), n, jdt)
         setattr(storage, ATTR, rec)
         realized(storage)
     return rec
@@ -45,8 +45,9 @@ def buffer(storage, dtype):
     return record(storage, dtype)[0]
 
 
-def _zeros(n, dtype):
-    return _constant_fn(n, jnp.dtype(dtype))(0)
+def zeros(n, dtype):
+    """A new flat buffer of `n` zeros of jax `dtype`."""
+    return _zeros_fn(n, jnp.dtype(dtype))()
 
 
 def constant(n, dtype, value):
@@ -55,9 +56,17 @@ def constant(n, dtype, value):
 
 
 @functools.lru_cache(maxsize=None)
+def _zeros_fn(n, dtype):
+    return jax.jit(lambda: jnp.zeros((n,), dtype), out_shardings=_on_device())
+
+
+@functools.lru_cache(maxsize=None)
 def _constant_fn(n, dtype):
-    on_device = jax.sharding.SingleDeviceSharding(_runtime.device())
-    return jax.jit(lambda v: jnp.full((n,), v, dtype), out_shardings=on_device)
+    return jax.jit(lambda v: jnp.full((n,), v, dtype), out_shardings=_on_device())
+
+
+def _on_device():
+    return jax.sharding.SingleDeviceSharding(_runtime.device())
 
 
 def set_buffer(storage, buf, n=None, dtype=None):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _runtime
+from .. import _runtime, _storage
 from . import _io
 
 
@@ -89,7 +89,7 @@ def _uneven(pg, flat_in_, dt, in_splits, out_splits, inner, rows_in, rows_out):
                            for j, s in enumerate(out_splits)] or [np.zeros(0, np.int32)])
     if rows_out == 0:
         recv = np.zeros(1, np.int32)  # keep one row so the program has a non-empty output
-    blocks = [flat_in_ if rows_in else _io.zeros(inner, flat_in_.dtype),
+    blocks = [flat_in_ if rows_in else _storage.zeros(inner, flat_in_.dtype),
               _io.to_numpy_index(send.reshape(-1)), _io.to_numpy_index(recv)]
     ins = ((blocks[0].shape[0], dt), (w * pad, "int32"), (recv.shape[0], "int32"))
     outs = ((recv.shape[0] * inner, dt),)

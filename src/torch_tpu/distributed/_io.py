@@ -13,7 +13,6 @@ import functools
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -87,16 +86,6 @@ def flat_out(t: torch.Tensor, flat) -> None:
 @functools.lru_cache(maxsize=1024)
 def _writer(shape, stride, offset, n, bdt, dtype):
     return jax.jit(_storage.writer(shape, stride, offset, n, bdt, dtype))
-
-
-def zeros(n: int, jdt):
-    return _zeros_fn(n, jnp.dtype(jdt))()
-
-
-@functools.lru_cache(maxsize=256)
-def _zeros_fn(n, jdt):
-    dev = _runtime.device()
-    return jax.jit(lambda: jnp.zeros((n,), jdt), out_shardings=jax.sharding.SingleDeviceSharding(dev))
 
 
 @functools.lru_cache(maxsize=256)

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
+from .. import _storage
 from . import _io, _watchdog, collectives as C
 
 # Donating a buffer makes the dispatch wait until the buffer's producer has finished, so
@@ -254,7 +255,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         else:
             if input_lists and input_lists[0]:
                 raise ValueError("tpu_dist scatter: only the root passes a scatter_list")
-            blocks = [_io.zeros(n, dt)] * self.size()
+            blocks = [_storage.zeros(n, dt)] * self.size()
             ins = ((n, dname),) * self.size()
         if n:
             (flat,) = self._issue(self.mesh(), "scatter", blocks, ins, ((n, dname),),
