@@ -80,18 +80,19 @@ def test_graph_size_cap(monkeypatch):
 
 
 def _step(w, x):
+    """A training-like iteration without autograd (a backward call is a flush point of
+    its own): a hand-written gradient of mean(tanh(x @ w) ** 2), applied in place."""
     h = torch.tanh(x @ w)
     loss = (h * h).mean()
-    g = torch.autograd.grad(loss, w)[0]
-    with torch.no_grad():
-        w.sub_(0.1 * g)
+    g = x.t() @ (2 * h * (1 - h * h) / h.numel())
+    w.sub_(0.1 * g)
     return loss
 
 
 def test_loop_without_sync_flushes_once_per_iteration_into_one_graph():
     torch.manual_seed(0)
     w0, x0 = torch.randn(8, 8), torch.randn(4, 8)
-    w = w0.to("tpu").requires_grad_()
+    w = w0.to("tpu")
     x = x0.to("tpu")
     with torch_tpu.eager_mode(DEFER):
         torch_tpu.sync()
@@ -106,11 +107,41 @@ def test_loop_without_sync_flushes_once_per_iteration_into_one_graph():
         assert 20 <= loops <= 25, loops
         assert graphs <= 2, graphs
         assert hits >= loops - 2
-    w_cpu = w.detach().cpu()
-    w2, x2 = w0.clone().requires_grad_(), x0
+    w_cpu = w.cpu()
+    w2 = w0.clone()
     for _ in range(50):
-        _step(w2, x2)
-    torch.testing.assert_close(w_cpu, w2.detach(), rtol=1e-5, atol=1e-6)
+        _step(w2, x0)
+    torch.testing.assert_close(w_cpu, w2, rtol=1e-5, atol=1e-6)
+
+
+def test_backward_flushes_the_forward_graph():
+    """backward() runs the recorded forward first, so the device computes it while the
+    backward records; a training loop without syncs then flushes once per iteration."""
+    torch.manual_seed(0)
+    w0, x0 = torch.randn(8, 8), torch.randn(4, 8)
+    w = w0.to("tpu").requires_grad_()
+    x = x0.to("tpu")
+    with torch_tpu.eager_mode(DEFER):
+        torch_tpu.sync()
+        before = _flushes()
+        graphs0 = metrics.counters["fused_graphs_compiled"]
+        for _ in range(20):
+            loss = (torch.tanh(x @ w) ** 2).mean()
+            loss.backward()
+            with torch.no_grad():
+                w.sub_(0.1 * w.grad)
+            w.grad = None
+        d = _delta(before, _flushes())
+        assert d == {"backward": 20}, d
+        # the forward graph, and one graph of the update plus the next forward
+        assert metrics.counters["fused_graphs_compiled"] - graphs0 <= 3
+    w2 = w0.clone().requires_grad_()
+    for _ in range(20):
+        (torch.tanh(x0 @ w2) ** 2).mean().backward()
+        with torch.no_grad():
+            w2.sub_(0.1 * w2.grad)
+        w2.grad = None
+    torch.testing.assert_close(w.detach().cpu(), w2.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_steady_training_loop_compiles_no_new_graph_after_step_2():

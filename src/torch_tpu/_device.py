@@ -262,9 +262,17 @@ def _backward_on_calling_thread() -> None:
     trivial backward and ~1 ms (~15%) of a compiled small-Llama step (measured with and
     without, interleaved). `torch.autograd.set_multithreading_enabled(False)`
     is the engine's own switch for this; it is thread-local, so it is set around each
-    backward call rather than once. A caller that disabled it already is left alone."""
+    backward call rather than once. A caller that disabled it already is left alone.
+
+    A backward call is also a DeferAndFuse flush point ("backward"): the forward graph
+    recorded so far starts running on the device while Python records the backward, and
+    the backward and optimizer graph, flushed by the step's `loss.item()`, runs while the
+    next step's forward records. One fused graph per step left the device idle during
+    all of the recording and Python idle during all of the run."""
     import torch.autograd as autograd
     import torch.autograd.graph as graph
+
+    from .eager.modes import flush_pending
 
     run = graph._engine_run_backward
     if getattr(run, "_tpu_calling_thread", False):
@@ -272,6 +280,7 @@ def _backward_on_calling_thread() -> None:
     enabled, set_enabled = torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled
 
     def _engine_run_backward(*args, **kwargs):
+        flush_pending("backward")
         if not enabled():
             return run(*args, **kwargs)
         set_enabled(False)
