@@ -272,7 +272,7 @@ def _backward_on_calling_thread() -> None:
     import torch.autograd as autograd
     import torch.autograd.graph as graph
 
-    from .eager.modes import flush_pending
+    from .eager.modes import backward_pass
 
     run = graph._engine_run_backward
     if getattr(run, "_tpu_calling_thread", False):
@@ -280,14 +280,14 @@ def _backward_on_calling_thread() -> None:
     enabled, set_enabled = torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled
 
     def _engine_run_backward(*args, **kwargs):
-        flush_pending("backward")
-        if not enabled():
-            return run(*args, **kwargs)
-        set_enabled(False)
-        try:
-            return run(*args, **kwargs)
-        finally:
-            set_enabled(True)
+        with backward_pass():
+            if not enabled():
+                return run(*args, **kwargs)
+            set_enabled(False)
+            try:
+                return run(*args, **kwargs)
+            finally:
+                set_enabled(True)
 
     _engine_run_backward._tpu_calling_thread = True
     graph._engine_run_backward = _engine_run_backward

@@ -433,10 +433,13 @@ py::tuple empty_with_storage(c10::IntArrayRef size, py::object stride, at::Scala
                         py::reinterpret_steal<py::object>(storage));
 }
 
+void add_scan_functions(PyObject* module);  // scan.cpp: the executors' per-op key scan
+
 }  // namespace torch_tpu
 
 // ---------------------------------------------------------------- python surface
 PYBIND11_MODULE(_C, m) {
+  torch_tpu::add_scan_functions(m.ptr());
   m.def("memory_allocated", []() { return torch_tpu::g_allocated.load(); });
   m.def("max_memory_allocated", []() { return torch_tpu::g_peak.load(); });
   m.def("reset_peak_memory_stats", []() { torch_tpu::g_peak = torch_tpu::g_allocated.load(); });

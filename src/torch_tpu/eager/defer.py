@@ -22,7 +22,6 @@ loop iteration or MAX_NODES ops, so the pause is short; nothing is lost, only de
 from __future__ import annotations
 
 import gc
-import sys
 import weakref
 
 import jax.numpy as jnp
@@ -30,36 +29,18 @@ import jax.numpy as jnp
 from .. import _C, _runtime, _storage, metrics
 from . import fuse
 from .graph import Lazy, Node
-from .opcall import Entry, device_scalar, run_eager
+from .opcall import Entry, device_scalar, run_eager, scan_fast
 from .strict import assemble, new_tensor
 
 _ATTR = _storage.ATTR
 _empty = _C.empty_with_storage
+# (file, line) of the first caller outside torch and torch_tpu. Only the location is kept:
+# holding the frame would keep the caller's locals (activations) alive until the flush.
+_user_line = _C.user_line
 _COUNTERS = metrics.counters
 
 MAX_NODES = 4096       # graph-size cap: flush before a graph gets slow to compile
 MIN_PERIOD = 10        # shortest op block that counts as a loop iteration
-
-
-_INTERNAL: dict = {}  # code object -> whether it is torch's or torch_tpu's
-
-
-def _user_line(frame):
-    """(file, line) of the first caller outside torch and torch_tpu. Only the location is
-    kept: holding the frame would keep the caller's locals (activations) alive until the
-    flush, and they would become graph outputs."""
-    while frame is not None:
-        code = frame.f_code
-        internal = _INTERNAL.get(code)
-        if internal is None:
-            if len(_INTERNAL) > 10000:  # generated code (fx, exec) makes new code objects
-                _INTERNAL.clear()
-            name = code.co_filename
-            internal = _INTERNAL[code] = "/torch/" in name or "torch_tpu" in name
-        if not internal:
-            return (code.co_filename, frame.f_lineno)
-        frame = frame.f_back
-    return ("<autograd>", 0)
 
 
 class DeferExecutor:
@@ -69,6 +50,7 @@ class DeferExecutor:
     def __init__(self):
         self.nodes = []
         self.paused_gc = False
+        self.in_backward = 0  # backward passes running (modes.backward_pass)
         self._reset_loop()
 
     def _append(self, node):
@@ -85,7 +67,7 @@ class DeferExecutor:
 
     # ------------------------------------------------------------ recording
     def execute(self, plan, vals):
-        key, bufs, dyns = plan.scan(vals)
+        key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
         entry = plan.cache.get(key)
         if entry is None:
             metrics.count("cache_misses")
@@ -94,7 +76,7 @@ class DeferExecutor:
         _COUNTERS["dispatches.defer_and_fuse"] += 1
         if entry.fn is None:
             return self._run_now(plan, vals)
-        node = Node(entry, bufs, dyns, _user_line(sys._getframe(1)))
+        node = Node(entry, bufs, dyns, _user_line())
         self._append(node)
         outs = node.outs
         fresh = []
@@ -120,7 +102,7 @@ class DeferExecutor:
         jdt = _runtime.jax_dtype(dtype)
         n = storage.nbytes() // jdt.itemsize
         entry = _constant_entry(n, jdt)
-        node = Node(entry, [], [device_scalar(value)], _user_line(sys._getframe(1)))
+        node = Node(entry, [], [device_scalar(value)], _user_line())
         self._append(node)
         lazy = Lazy(node, 0, weakref.ref(storage))
         node.outs.append(lazy)
@@ -147,8 +129,11 @@ class DeferExecutor:
         if p and hist[i - p] == h:
             self.run += 1
             # two full repetitions must make up (nearly) all that was recorded since the
-            # last flush: repeated layers inside one step are not the loop
-            if self.run >= p and p >= MIN_PERIOD and 20 * p >= 9 * (i + 1):
+            # last flush: repeated layers inside one step are not the loop, nor is
+            # anything inside a backward pass (it starts with a flush, and then its
+            # layers' gradients repeat)
+            if self.run >= p and p >= MIN_PERIOD and 20 * p >= 9 * (i + 1) \
+                    and not self.in_backward:
                 metrics.count("loops_detected")
                 self.flush("loop")
                 return

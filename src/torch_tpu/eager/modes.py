@@ -92,6 +92,23 @@ def flush_pending(reason: str = "sync") -> None:
         ex.flush(reason)
 
 
+@contextlib.contextmanager
+def backward_pass():
+    """Around a backward() call (see _device): DeferAndFuse flushes the forward graph
+    recorded so far, so the device runs it while the backward records, and its loop
+    detection ignores the repetition of layers within the backward pass."""
+    ex = executor()
+    if not ex.deferred:
+        yield
+        return
+    ex.flush("backward")
+    ex.in_backward += 1
+    try:
+        yield
+    finally:
+        ex.in_backward -= 1
+
+
 def _switch_flush() -> None:
     for ex in _EXECUTORS.values():
         if ex.deferred:

@@ -17,7 +17,7 @@ import time
 import jax
 import torch
 
-from .. import _runtime, _storage, metrics
+from .. import _C, _runtime, _storage, metrics
 from .._device import default_generator
 
 TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC, STATIC_NUMBER = range(9)
@@ -64,6 +64,10 @@ def _hashable(v):
     return v
 
 
+scan_fast = _C.scan  # (plan, vals) -> OpPlan.scan's result, or None: see OpPlan.scan
+_C.scan_setup(_storage.ATTR, _SCALARS)
+
+
 class DeviceMismatchError(RuntimeError):
     pass
 
@@ -91,7 +95,7 @@ class OpPlan:
 
     __slots__ = ("op", "name", "lowering", "kinds", "names", "npos", "defaults", "mutable",
                  "ret_alias", "seeded", "dynamic_shape", "cache", "nrets", "factory",
-                 "host_indices")
+                 "host_indices", "cspec")
 
     def __init__(self, op, lowering):
         schema = op._schema
@@ -125,6 +129,8 @@ class OpPlan:
         self.cache = {}
         # like CUDA, advanced indexing of a device tensor takes index tensors on the host
         self.host_indices = schema.name in _HOST_INDEX_OPS
+        # what csrc/scan.cpp reads: (kinds, in-place?, Python scan only?)
+        self.cspec = (self.kinds, bool(self.mutable), self.seeded or self.factory)
 
     def __repr__(self):
         # keys start with the plan (hashed by identity: OpOverload's hash is Python code),
@@ -144,7 +150,11 @@ class OpPlan:
 
     def scan(self, vals):
         """-> (key, bufs, dyns): key = (this plan, one part per argument[, shared]).
-        Tensors give their view spec, numbers their type."""
+        Tensors give their view spec, numbers their type.
+
+        The executors call `scan_fast` (csrc/scan.cpp) first: the same key for the common
+        case in C, None for what only this Python handles (first touch of a storage,
+        other devices, conj/neg views, seeded ops, factories, shared mutated storages)."""
         parts = []
         bufs = []
         dyns = []

@@ -6,7 +6,7 @@ print) does.
 from __future__ import annotations
 
 from .. import _C, _storage, metrics
-from .opcall import run_eager
+from .opcall import run_eager, scan_fast
 
 _COUNTERS = metrics.counters
 
@@ -63,7 +63,7 @@ class StrictExecutor:
     counter = "dispatches.strict"
 
     def execute(self, plan, vals):
-        key, bufs, dyns = plan.scan(vals)
+        key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
         entry = plan.cache.get(key)
         if entry is None:
             metrics.count("cache_misses")

@@ -1,0 +1,360 @@
+// The per-op hot path of the eager executors, in C: turning one op call's arguments into
+// its cache key, and finding the user's line an op was recorded at.
+//
+// scan(plan, vals) does what OpPlan.scan (eager/opcall.py) does for the common case, and
+// builds the same key (shapes as plain tuples, which hash and compare like torch.Size):
+//   tensors            -> (shape, strides, offset, dtype, buffer length, buffer dtype), and
+//                         the storage record's buffer appended to `bufs`;
+//   Python scalars     -> their type, and the cached device scalar appended to `dyns`;
+//   static arguments   -> their value (lists as tuples).
+// Whatever is rarer returns None and OpPlan.scan's Python handles it: a storage with no
+// buffer yet or of another device, conj/neg views, a number passed for a tensor, a tensor
+// passed for a scalar, seeded ops, factories, two mutated arguments sharing a storage, a
+// scalar not yet in the device-scalar cache. The Python path stays the reference.
+//
+// user_line() walks the calling frames to the first one outside torch and torch_tpu, the
+// user's line that DeferAndFuse keeps per recorded node for its error messages.
+#include <Python.h>
+#include <frameobject.h>
+
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+#include <unordered_map>
+
+namespace torch_tpu {
+namespace {
+
+// argument kinds, as in eager/opcall.py
+enum Kind { TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC, STATIC_NUMBER };
+
+PyObject* g_attr = nullptr;     // the storage attribute holding (buffer, length, dtype)
+PyObject* g_scalars = nullptr;  // opcall._SCALARS: (type, value) -> device scalar
+PyObject* g_cspec = nullptr;    // "cspec": a plan's (kinds, mutable, python_only)
+PyObject* g_eq = nullptr;       // "=" (the key part of a None/bool scalar)
+
+// A new reference to the tuple of an IntArrayRef.
+PyObject* int_tuple(c10::IntArrayRef xs) {
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(xs.size()));
+  if (t == nullptr) return nullptr;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    PyObject* v = PyLong_FromLongLong(xs[i]);
+    if (v == nullptr) {
+      Py_DECREF(t);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(t, i, v);
+  }
+  return t;
+}
+
+// Outcome of one argument: a new reference to its key part, or BAIL (leave the call to
+// Python), or nullptr with a Python error set.
+PyObject* const BAIL = reinterpret_cast<PyObject*>(1);
+
+struct Scan {
+  PyObject* bufs;
+  PyObject* dyns;
+  PyObject* recs;  // the mutated-arguments' storage records (in-place ops), else nullptr
+
+  PyObject* tensor(PyObject* v) {
+    if (v == Py_None) {
+      Py_INCREF(Py_None);
+      return Py_None;
+    }
+    if (!THPVariable_Check(v)) return BAIL;
+    const at::Tensor& t = THPVariable_Unpack(v);
+    if (t.is_conj() || t.is_neg()) return BAIL;
+    PyObject* st = THPStorage_Wrap(t.storage());
+    if (st == nullptr) return nullptr;
+    PyObject* rec = PyObject_GetAttr(st, g_attr);
+    Py_DECREF(st);
+    if (rec == nullptr) {
+      if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return nullptr;
+      PyErr_Clear();
+      return BAIL;  // no buffer yet (first touch), or not a tpu storage
+    }
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 3) {
+      Py_DECREF(rec);
+      return BAIL;
+    }
+    if (PyList_Append(bufs, PyTuple_GET_ITEM(rec, 0)) < 0 ||
+        (recs != nullptr && PyList_Append(recs, rec) < 0)) {
+      Py_DECREF(rec);
+      return nullptr;
+    }
+    PyObject* part = PyTuple_New(6);
+    PyObject* shape = int_tuple(t.sizes());
+    PyObject* stride = int_tuple(t.strides());
+    PyObject* offset = PyLong_FromLongLong(t.storage_offset());
+    if (part == nullptr || shape == nullptr || stride == nullptr || offset == nullptr) {
+      Py_XDECREF(part);
+      Py_XDECREF(shape);
+      Py_XDECREF(stride);
+      Py_XDECREF(offset);
+      Py_DECREF(rec);
+      return nullptr;
+    }
+    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+    Py_INCREF(dtype);
+    PyObject* blen = PyTuple_GET_ITEM(rec, 1);
+    PyObject* bdt = PyTuple_GET_ITEM(rec, 2);
+    Py_INCREF(blen);
+    Py_INCREF(bdt);
+    Py_DECREF(rec);
+    PyTuple_SET_ITEM(part, 0, shape);
+    PyTuple_SET_ITEM(part, 1, stride);
+    PyTuple_SET_ITEM(part, 2, offset);
+    PyTuple_SET_ITEM(part, 3, dtype);
+    PyTuple_SET_ITEM(part, 4, blen);
+    PyTuple_SET_ITEM(part, 5, bdt);
+    return part;
+  }
+
+  // A Python number: its type as the key part, its cached device scalar into dyns.
+  PyObject* number(PyObject* v) {
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(v));
+    PyObject* k = PyTuple_Pack(2, type, v);
+    if (k == nullptr) return nullptr;
+    PyObject* a = PyDict_GetItemWithError(g_scalars, k);  // borrowed
+    Py_DECREF(k);
+    if (a == nullptr) return PyErr_Occurred() ? nullptr : BAIL;
+    if (PyList_Append(dyns, a) < 0) return nullptr;
+    Py_INCREF(type);
+    return type;
+  }
+
+  PyObject* scalar(PyObject* v) {
+    if (v == Py_None || PyBool_Check(v)) return PyTuple_Pack(2, g_eq, v);
+    if (!PyLong_CheckExact(v) && !PyFloat_CheckExact(v) && !PyComplex_CheckExact(v)) return BAIL;
+    return number(v);
+  }
+
+  PyObject* tensor_list(PyObject* v) {
+    if (!PyList_Check(v) && !PyTuple_Check(v)) return BAIL;
+    PyObject* seq = PySequence_Fast(v, "");
+    if (seq == nullptr) return nullptr;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject* out = PyTuple_New(n);
+    if (out == nullptr) {
+      Py_DECREF(seq);
+      return nullptr;
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* p = tensor(PySequence_Fast_GET_ITEM(seq, i));
+      if (p == nullptr || p == BAIL) {
+        Py_DECREF(out);
+        Py_DECREF(seq);
+        return p;
+      }
+      PyTuple_SET_ITEM(out, i, p);
+    }
+    Py_DECREF(seq);
+    return out;
+  }
+
+  PyObject* scalar_list(PyObject* v) {
+    if (!PyList_Check(v) && !PyTuple_Check(v)) return BAIL;
+    const Py_ssize_t n = PySequence_Size(v);
+    PyObject* out = PyTuple_New(n);
+    if (out == nullptr) return nullptr;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* x = PySequence_GetItem(v, i);
+      PyObject* p = x == nullptr ? nullptr
+                  : (PyLong_CheckExact(x) || PyFloat_CheckExact(x)) ? number(x) : BAIL;
+      Py_XDECREF(x);
+      if (p == nullptr || p == BAIL) {
+        Py_DECREF(out);
+        return p;
+      }
+      PyTuple_SET_ITEM(out, i, p);
+    }
+    return out;
+  }
+};
+
+// _hashable: lists become tuples, recursively. A new reference.
+PyObject* hashable(PyObject* v) {
+  if (!PyList_Check(v)) {
+    Py_INCREF(v);
+    return v;
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(v);
+  PyObject* out = PyTuple_New(n);
+  if (out == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* x = hashable(PyList_GET_ITEM(v, i));
+    if (x == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, i, x);
+  }
+  return out;
+}
+
+// Whether two of the mutated arguments' records are one storage's (their writes must
+// chain: Python's scan handles that).
+bool shares_storage(PyObject* recs) {
+  const Py_ssize_t n = PyList_GET_SIZE(recs);
+  for (Py_ssize_t i = 0; i < n; ++i)
+    for (Py_ssize_t j = i + 1; j < n; ++j)
+      if (PyList_GET_ITEM(recs, i) == PyList_GET_ITEM(recs, j)) return true;
+  return false;
+}
+
+// scan(plan, vals) -> (key, bufs, dyns), or None for Python's scan.
+PyObject* scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyList_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "scan(plan, vals: list)");
+    return nullptr;
+  }
+  PyObject* plan = args[0];
+  PyObject* vals = args[1];
+  PyObject* spec = PyObject_GetAttr(plan, g_cspec);
+  if (spec == nullptr) return nullptr;
+  PyObject* kinds = PyTuple_GET_ITEM(spec, 0);
+  const bool mutable_ = PyTuple_GET_ITEM(spec, 1) == Py_True;
+  const bool python_only = PyTuple_GET_ITEM(spec, 2) == Py_True;
+  const Py_ssize_t n = PyList_GET_SIZE(vals);
+  if (python_only || PyTuple_GET_SIZE(kinds) < n) {
+    Py_DECREF(spec);
+    Py_RETURN_NONE;
+  }
+  Scan s{PyList_New(0), PyList_New(0), mutable_ ? PyList_New(0) : nullptr};
+  PyObject* parts = PyTuple_New(n);
+  PyObject* result = nullptr;
+  bool bail = false;
+  if (s.bufs == nullptr || s.dyns == nullptr || parts == nullptr || (mutable_ && s.recs == nullptr))
+    goto done;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* v = PyList_GET_ITEM(vals, i);
+    PyObject* p;
+    switch (PyLong_AsLong(PyTuple_GET_ITEM(kinds, i))) {
+      case TENSOR:
+      case OPT_TENSOR:
+        p = s.tensor(v);
+        break;
+      case TENSOR_LIST:
+      case OPT_TENSOR_LIST:
+        p = s.tensor_list(v);
+        break;
+      case SCALAR:
+        p = s.scalar(v);
+        break;
+      case SCALAR_LIST:
+        p = s.scalar_list(v);
+        break;
+      case STATIC:
+        p = hashable(v);
+        break;
+      case STATIC_NUMBER:
+        p = PyTuple_Pack(2, reinterpret_cast<PyObject*>(Py_TYPE(v)), v);
+        break;
+      default:  // a generator: only seeded ops use it, and those are python_only
+        Py_INCREF(Py_None);
+        p = Py_None;
+    }
+    if (p == nullptr) goto done;
+    if (p == BAIL) {
+      bail = true;
+      goto done;
+    }
+    PyTuple_SET_ITEM(parts, i, p);
+  }
+  if (s.recs != nullptr && shares_storage(s.recs)) {
+    bail = true;
+    goto done;
+  }
+  {
+    PyObject* key = PyTuple_Pack(2, plan, parts);
+    if (key != nullptr) {
+      result = PyTuple_Pack(3, key, s.bufs, s.dyns);
+      Py_DECREF(key);
+    }
+  }
+done:
+  Py_XDECREF(parts);
+  Py_XDECREF(s.bufs);
+  Py_XDECREF(s.dyns);
+  Py_XDECREF(s.recs);
+  Py_DECREF(spec);
+  if (bail) Py_RETURN_NONE;
+  return result;
+}
+
+// user_line() -> (file, line) of the innermost calling frame outside torch and torch_tpu,
+// or ("<autograd>", 0) when there is none (an op the autograd engine runs). Whether a
+// code object is internal is cached by the code object (held, so its address is not
+// reused while cached).
+std::unordered_map<PyObject*, bool> g_internal;
+
+bool internal(PyCodeObject* code) {
+  auto it = g_internal.find(reinterpret_cast<PyObject*>(code));
+  if (it != g_internal.end()) return it->second;
+  if (g_internal.size() > 10000) {  // generated code (fx, exec) makes new code objects
+    for (auto& kv : g_internal) Py_DECREF(kv.first);
+    g_internal.clear();
+  }
+  const char* name = PyUnicode_AsUTF8(code->co_filename);
+  const bool in = name != nullptr && (std::strstr(name, "/torch/") || std::strstr(name, "torch_tpu"));
+  if (name == nullptr) PyErr_Clear();
+  Py_INCREF(code);
+  g_internal.emplace(reinterpret_cast<PyObject*>(code), in);
+  return in;
+}
+
+PyObject* user_line(PyObject*, PyObject*) {
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(f);
+  while (f != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    if (!internal(code)) {
+      PyObject* out = Py_BuildValue("(Oi)", code->co_filename, PyFrame_GetLineNumber(f));
+      Py_DECREF(code);
+      Py_DECREF(f);
+      return out;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  return Py_BuildValue("(si)", "<autograd>", 0);
+}
+
+// setup(attr, scalars): the storage attribute's name and opcall's device-scalar cache.
+PyObject* setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyDict_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "setup(attr: str, scalars: dict)");
+    return nullptr;
+  }
+  Py_XDECREF(g_attr);
+  Py_XDECREF(g_scalars);
+  Py_INCREF(args[0]);
+  Py_INCREF(args[1]);
+  g_attr = args[0];
+  g_scalars = args[1];
+  if (g_cspec == nullptr) g_cspec = PyUnicode_InternFromString("cspec");
+  if (g_eq == nullptr) g_eq = PyUnicode_InternFromString("=");
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_methods[] = {
+    {"scan_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(setup)), METH_FASTCALL,
+     "scan_setup(attr, scalars): the storage attribute's name and the device-scalar cache"},
+    {"scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(scan)), METH_FASTCALL,
+     "scan(plan, vals) -> (key, bufs, dyns), or None where OpPlan.scan's Python must do it"},
+    {"user_line", user_line, METH_NOARGS,
+     "user_line() -> (file, line) of the innermost caller outside torch and torch_tpu"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+void add_scan_functions(PyObject* module) {
+  if (PyModule_AddFunctions(module, g_methods) < 0) throw std::runtime_error("scan functions");
+}
+
+}  // namespace torch_tpu
