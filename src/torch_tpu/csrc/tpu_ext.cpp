@@ -22,6 +22,7 @@
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/is_set_to_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -412,26 +413,63 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 
 // A new tpu tensor and its storage's Python object, for the executors to attach an XLA
 // buffer to: the torch.empty + untyped_storage() pair of every op result, without the
-// Python argument parsing and the dispatcher (~3 us -> <1 us per result).
-py::tuple empty_with_storage(c10::IntArrayRef size, py::object stride, at::ScalarType dtype) {
-  const auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
-  at::Tensor t;
-  if (stride.is_none()) {
-    t = at::detail::empty_generic(size, &g_allocator, keys, dtype, std::nullopt);
-  } else {
-    const auto strides = stride.cast<std::vector<int64_t>>();
-    t = at::detail::empty_strided_generic(size, strides, &g_allocator, keys, dtype);
+// Python argument parsing and the dispatcher (~3 us -> <1 us per result). A plain
+// CPython function: pybind11's argument casting cost as much again.
+bool int_vector(PyObject* seq, c10::SmallVector<int64_t, 6>& out) {
+  if (!PyTuple_Check(seq) && !PyList_Check(seq)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  out.resize(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i] = PyLong_AsLongLong(items[i]);
+    if (out[i] == -1 && PyErr_Occurred()) return false;
   }
-  PyObject* storage = THPStorage_Wrap(t.storage());
-  if (storage == nullptr) throw py::error_already_set();
-  PyObject* tensor = THPVariable_Wrap(std::move(t));
+  return true;
+}
+
+PyObject* empty_with_storage(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  c10::SmallVector<int64_t, 6> size, strides;
+  if (nargs != 3 || !THPDtype_Check(args[2]) || !int_vector(args[0], size) ||
+      (args[1] != Py_None && !int_vector(args[1], strides))) {
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_TypeError, "empty_with_storage(shape, strides or None, dtype)");
+    return nullptr;
+  }
+  const auto dtype = reinterpret_cast<THPDtype*>(args[2])->scalar_type;
+  const auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  PyObject* storage = nullptr;
+  PyObject* tensor = nullptr;
+  try {
+    at::Tensor t = args[1] == Py_None
+        ? at::detail::empty_generic(size, &g_allocator, keys, dtype, std::nullopt)
+        : at::detail::empty_strided_generic(size, strides, &g_allocator, keys, dtype);
+    storage = THPStorage_Wrap(t.storage());
+    if (storage == nullptr) return nullptr;
+    tensor = THPVariable_Wrap(std::move(t));
+  } catch (const std::exception& e) {
+    Py_XDECREF(storage);
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
   if (tensor == nullptr) {
     Py_DECREF(storage);
-    throw py::error_already_set();
+    return nullptr;
   }
-  return py::make_tuple(py::reinterpret_steal<py::object>(tensor),
-                        py::reinterpret_steal<py::object>(storage));
+  PyObject* out = PyTuple_New(2);
+  if (out == nullptr) {
+    Py_DECREF(tensor);
+    Py_DECREF(storage);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(out, 0, tensor);
+  PyTuple_SET_ITEM(out, 1, storage);
+  return out;
 }
+
+PyMethodDef g_methods[] = {
+    {"empty_with_storage", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(empty_with_storage)),
+     METH_FASTCALL, "empty_with_storage(shape, strides or None, dtype) -> (tensor, its storage)"},
+    {nullptr, nullptr, 0, nullptr}};
 
 void add_scan_functions(PyObject* module);  // scan.cpp: the executors' per-op key scan
 
@@ -440,6 +478,7 @@ void add_scan_functions(PyObject* module);  // scan.cpp: the executors' per-op k
 // ---------------------------------------------------------------- python surface
 PYBIND11_MODULE(_C, m) {
   torch_tpu::add_scan_functions(m.ptr());
+  if (PyModule_AddFunctions(m.ptr(), torch_tpu::g_methods) < 0) throw py::error_already_set();
   m.def("memory_allocated", []() { return torch_tpu::g_allocated.load(); });
   m.def("max_memory_allocated", []() { return torch_tpu::g_peak.load(); });
   m.def("reset_peak_memory_stats", []() { torch_tpu::g_peak = torch_tpu::g_allocated.load(); });
@@ -452,7 +491,6 @@ PYBIND11_MODULE(_C, m) {
     *torch_tpu::g_sync_fn = std::move(fn);
   });
   m.def("mark_realized", &torch_tpu::mark_realized);
-  m.def("empty_with_storage", &torch_tpu::empty_with_storage);
   m.def("set_lazy_allocations", [](bool lazy) { torch_tpu::g_lazy_alloc = lazy; });
   m.def("is_pinned_ptr", [](uint64_t p) {
     std::lock_guard<std::mutex> lock(torch_tpu::g_pinned_mu);
