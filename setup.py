@@ -12,7 +12,8 @@ setup(
     ext_modules=[
         CppExtension(
             "torch_tpu._C",
-            ["src/torch_tpu/csrc/tpu_ext.cpp", "src/torch_tpu/csrc/scan.cpp"],
+            ["src/torch_tpu/csrc/tpu_ext.cpp", "src/torch_tpu/csrc/scan.cpp",
+             "src/torch_tpu/csrc/graph.cpp"],
             extra_compile_args=["-O2", "-std=c++17"],
         )
     ],

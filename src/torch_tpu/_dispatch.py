@@ -15,7 +15,7 @@ import torch
 
 from . import _runtime, _storage, metrics
 from .eager import modes
-from .eager.opcall import OpPlan, device_scalar
+from .eager.opcall import OpPlan, device_scalar, normalize
 from .lowering import decomp, registry
 
 _LIB = torch.library.Library("aten", "IMPL")
@@ -41,12 +41,12 @@ def plan_for(op) -> OpPlan:
 def run(op, args, kwargs):
     """Execute an op that has a lowering in the current eager mode."""
     plan = plan_for(op)
-    return modes.executor().execute(plan, plan.normalize(args, kwargs))
+    return modes.executor().execute(plan, normalize(plan, args, kwargs))
 
 
 def _kernel(plan):
     def kernel(*args, **kwargs):
-        return modes.executor().execute(plan, plan.normalize(args, kwargs))
+        return modes.executor().execute(plan, normalize(plan, args, kwargs))
 
     kernel.__name__ = f"tpu_{plan.name}"
     return kernel
@@ -59,7 +59,7 @@ def _out_kernel(op, functional):
 
     def kernel(*args, **kwargs):
         outs = [kwargs.pop(n) for n in out_names]
-        result = modes.executor().execute(fplan, fplan.normalize(args, kwargs))
+        result = modes.executor().execute(fplan, normalize(fplan, args, kwargs))
         results = result if isinstance(result, (tuple, list)) else (result,)
         if len(outs) == 1 and isinstance(outs[0], (list, tuple)):  # Tensor(a!)[] out
             dsts, srcs = outs[0], results
@@ -197,7 +197,7 @@ def _fill_kernel(op, value_of):
                     n = self.numel()
                     _storage.set_buffer(st, _storage.constant(n, jdt, device_scalar(value)), n, jdt)
                 return self
-        return ex.execute(plan, plan.normalize((self, *args), {}))
+        return ex.execute(plan, normalize(plan, (self, *args), {}))
 
     kernel.__name__ = f"tpu_{plan.name}"
     return kernel

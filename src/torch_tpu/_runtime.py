@@ -113,6 +113,13 @@ def _uploader():
     return _UPLOADER
 
 
+def scalar_to_device(v) -> jax.Array:
+    """A Python number -> a weakly typed device scalar (it promotes like the number). Through
+    the jitted identity: ~9 us, where `jax.device_put` takes ~65 us (AdamW's bias
+    corrections are new numbers every step)."""
+    return _uploader()(v)
+
+
 def to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """An XLA array -> a CPU tensor of `dtype` with the same shape (waits for the value)."""
     host = np.asarray(arr)

@@ -21,18 +21,21 @@
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 
 namespace torch_tpu {
+
+PyObject* g_record_attr = nullptr;  // the storage attribute holding (buffer, length, dtype)
+
 namespace {
 
 // argument kinds, as in eager/opcall.py
 enum Kind { TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC, STATIC_NUMBER };
 
-PyObject* g_attr = nullptr;     // the storage attribute holding (buffer, length, dtype)
 PyObject* g_scalars = nullptr;  // opcall._SCALARS: (type, value) -> device scalar
-PyObject* g_cspec = nullptr;    // "cspec": a plan's (kinds, mutable, python_only)
+PyObject* g_cspec = nullptr;    // "cspec": a plan's (kinds, mutable, python_only, npos, names, defaults)
 PyObject* g_eq = nullptr;       // "=" (the key part of a None/bool scalar)
 
 // A new reference to the tuple of an IntArrayRef.
@@ -69,7 +72,7 @@ struct Scan {
     if (t.is_conj() || t.is_neg()) return BAIL;
     PyObject* st = THPStorage_Wrap(t.storage());
     if (st == nullptr) return nullptr;
-    PyObject* rec = PyObject_GetAttr(st, g_attr);
+    PyObject* rec = PyObject_GetAttr(st, g_record_attr);
     Py_DECREF(st);
     if (rec == nullptr) {
       if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return nullptr;
@@ -205,6 +208,53 @@ bool shares_storage(PyObject* recs) {
   return false;
 }
 
+// normalize(plan, args, kwargs) -> vals: one value per schema argument, in schema order,
+// defaults filled in (what the executors take). cspec[3:] = (npos, names, defaults).
+PyObject* normalize(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyTuple_Check(args[1]) || (args[2] != Py_None && !PyDict_Check(args[2]))) {
+    PyErr_SetString(PyExc_TypeError, "normalize(plan, args: tuple, kwargs: dict)");
+    return nullptr;
+  }
+  PyObject* spec = PyObject_GetAttr(args[0], g_cspec);
+  if (spec == nullptr) return nullptr;
+  const Py_ssize_t npos = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 3));
+  PyObject* names = PyTuple_GET_ITEM(spec, 4);
+  PyObject* defaults = PyTuple_GET_ITEM(spec, 5);
+  const Py_ssize_t total = PyTuple_GET_SIZE(names);
+  const Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
+  PyObject* vals = PyList_New(std::max(n, npos) + (total - npos));
+  if (vals == nullptr) {
+    Py_DECREF(spec);
+    return nullptr;
+  }
+  Py_ssize_t k = 0;
+  for (; k < n; ++k) {
+    PyObject* v = PyTuple_GET_ITEM(args[1], k);
+    Py_INCREF(v);
+    PyList_SET_ITEM(vals, k, v);
+  }
+  for (Py_ssize_t i = n; i < npos; ++i, ++k) {  // positional arguments left to defaults
+    PyObject* v = PyTuple_GET_ITEM(defaults, i);
+    Py_INCREF(v);
+    PyList_SET_ITEM(vals, k, v);
+  }
+  for (Py_ssize_t i = npos; i < total; ++i, ++k) {  // keyword-only arguments
+    PyObject* v = args[2] == Py_None ? nullptr : PyDict_GetItemWithError(args[2], PyTuple_GET_ITEM(names, i));
+    if (v == nullptr) {
+      if (PyErr_Occurred()) {
+        Py_DECREF(vals);
+        Py_DECREF(spec);
+        return nullptr;
+      }
+      v = PyTuple_GET_ITEM(defaults, i);
+    }
+    Py_INCREF(v);
+    PyList_SET_ITEM(vals, k, v);
+  }
+  Py_DECREF(spec);
+  return vals;
+}
+
 // scan(plan, vals) -> (key, bufs, dyns), or None for Python's scan.
 PyObject* scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2 || !PyList_Check(args[1])) {
@@ -285,13 +335,32 @@ done:
   return result;
 }
 
+// setup(attr, scalars): the storage attribute's name and opcall's device-scalar cache.
+PyObject* setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyDict_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "setup(attr: str, scalars: dict)");
+    return nullptr;
+  }
+  Py_XDECREF(g_record_attr);
+  Py_XDECREF(g_scalars);
+  Py_INCREF(args[0]);
+  Py_INCREF(args[1]);
+  g_record_attr = args[0];
+  g_scalars = args[1];
+  if (g_cspec == nullptr) g_cspec = PyUnicode_InternFromString("cspec");
+  if (g_eq == nullptr) g_eq = PyUnicode_InternFromString("=");
+  Py_RETURN_NONE;
+}
+
+}  // namespace
+
 // user_line() -> (file, line) of the innermost calling frame outside torch and torch_tpu,
 // or ("<autograd>", 0) when there is none (an op the autograd engine runs). Whether a
 // code object is internal is cached by the code object (held, so its address is not
 // reused while cached).
-std::unordered_map<PyObject*, bool> g_internal;
+static std::unordered_map<PyObject*, bool> g_internal;
 
-bool internal(PyCodeObject* code) {
+static bool internal(PyCodeObject* code) {
   auto it = g_internal.find(reinterpret_cast<PyObject*>(code));
   if (it != g_internal.end()) return it->second;
   if (g_internal.size() > 10000) {  // generated code (fx, exec) makes new code objects
@@ -325,26 +394,13 @@ PyObject* user_line(PyObject*, PyObject*) {
   return Py_BuildValue("(si)", "<autograd>", 0);
 }
 
-// setup(attr, scalars): the storage attribute's name and opcall's device-scalar cache.
-PyObject* setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyDict_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "setup(attr: str, scalars: dict)");
-    return nullptr;
-  }
-  Py_XDECREF(g_attr);
-  Py_XDECREF(g_scalars);
-  Py_INCREF(args[0]);
-  Py_INCREF(args[1]);
-  g_attr = args[0];
-  g_scalars = args[1];
-  if (g_cspec == nullptr) g_cspec = PyUnicode_InternFromString("cspec");
-  if (g_eq == nullptr) g_eq = PyUnicode_InternFromString("=");
-  Py_RETURN_NONE;
-}
+namespace {
 
 PyMethodDef g_methods[] = {
     {"scan_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(setup)), METH_FASTCALL,
      "scan_setup(attr, scalars): the storage attribute's name and the device-scalar cache"},
+    {"normalize", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(normalize)), METH_FASTCALL,
+     "normalize(plan, args, kwargs) -> the argument values in schema order, defaults filled in"},
     {"scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(scan)), METH_FASTCALL,
      "scan(plan, vals) -> (key, bufs, dyns), or None where OpPlan.scan's Python must do it"},
     {"user_line", user_line, METH_NOARGS,

@@ -466,19 +466,21 @@ PyObject* empty_with_storage(PyObject*, PyObject* const* args, Py_ssize_t nargs)
   return out;
 }
 
-PyMethodDef g_methods[] = {
+PyMethodDef g_tensor_methods[] = {
     {"empty_with_storage", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(empty_with_storage)),
      METH_FASTCALL, "empty_with_storage(shape, strides or None, dtype) -> (tensor, its storage)"},
     {nullptr, nullptr, 0, nullptr}};
 
-void add_scan_functions(PyObject* module);  // scan.cpp: the executors' per-op key scan
+void add_scan_functions(PyObject* module);   // scan.cpp: the executors' per-op key scan
+void add_graph_functions(PyObject* module);  // graph.cpp: DeferAndFuse's Node, Lazy, record
 
 }  // namespace torch_tpu
 
 // ---------------------------------------------------------------- python surface
 PYBIND11_MODULE(_C, m) {
   torch_tpu::add_scan_functions(m.ptr());
-  if (PyModule_AddFunctions(m.ptr(), torch_tpu::g_methods) < 0) throw py::error_already_set();
+  torch_tpu::add_graph_functions(m.ptr());
+  if (PyModule_AddFunctions(m.ptr(), torch_tpu::g_tensor_methods) < 0) throw py::error_already_set();
   m.def("memory_allocated", []() { return torch_tpu::g_allocated.load(); });
   m.def("max_memory_allocated", []() { return torch_tpu::g_peak.load(); });
   m.def("reset_peak_memory_stats", []() { torch_tpu::g_peak = torch_tpu::g_allocated.load(); });

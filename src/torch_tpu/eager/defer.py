@@ -37,6 +37,9 @@ _empty = _C.empty_with_storage
 # (file, line) of the first caller outside torch and torch_tpu. Only the location is kept:
 # holding the frame would keep the caller's locals (activations) alive until the flush.
 _user_line = _C.user_line
+# appends the op's Node to the pending nodes and returns the op's result: new tensors whose
+# storages hold the node's Lazy outputs; the storages it mutates get Lazy records too
+_record = _C.record
 _COUNTERS = metrics.counters
 
 MAX_NODES = 4096       # graph-size cap: flush before a graph gets slow to compile
@@ -53,11 +56,11 @@ class DeferExecutor:
         self.in_backward = 0  # backward passes running (modes.backward_pass)
         self._reset_loop()
 
-    def _append(self, node):
-        if not self.nodes and gc.isenabled():  # a graph's first node: see the top
+    def _graph_starts(self):
+        """A graph's first node: pause the cyclic GC (see the top)."""
+        if gc.isenabled():
             gc.disable()
             self.paused_gc = True
-        self.nodes.append(node)
 
     def _reset_loop(self):
         self.hist = []
@@ -76,24 +79,11 @@ class DeferExecutor:
         _COUNTERS["dispatches.defer_and_fuse"] += 1
         if entry.fn is None:
             return self._run_now(plan, vals)
-        node = Node(entry, bufs, dyns, _user_line())
-        self._append(node)
-        outs = node.outs
-        fresh = []
-        for (shape, dtype), rec in zip(entry.fresh, entry.out_recs):
-            t, st = _empty(shape, None, dtype)
-            lazy = Lazy(node, len(outs), weakref.ref(st))
-            outs.append(lazy)
-            setattr(st, _ATTR, (lazy, rec[0], rec[1]))
-            fresh.append(t)
-        for i, j in entry.mut_slots:
-            st = (vals[i] if j is None else vals[i][j]).untyped_storage()
-            old = getattr(st, _ATTR)
-            lazy = Lazy(node, len(outs), weakref.ref(st))
-            outs.append(lazy)
-            setattr(st, _ATTR, (lazy, old[1], old[2]))
+        if not self.nodes:
+            self._graph_starts()
+        out = _record(self.nodes, entry, bufs, dyns, vals)
         self._after_record(id(entry))
-        return assemble(entry.structure, vals, fresh)
+        return out
 
     def constant(self, storage, dtype, value=0):
         """Make the storage's whole buffer `value` (fill_/zero_ of all of it, or a fresh
@@ -103,7 +93,9 @@ class DeferExecutor:
         n = storage.nbytes() // jdt.itemsize
         entry = _constant_entry(n, jdt)
         node = Node(entry, [], [device_scalar(value)], _user_line())
-        self._append(node)
+        if not self.nodes:
+            self._graph_starts()
+        self.nodes.append(node)
         lazy = Lazy(node, 0, weakref.ref(storage))
         node.outs.append(lazy)
         rec = (lazy, n, jdt)

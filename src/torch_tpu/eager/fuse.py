@@ -1,9 +1,9 @@
 """DeferAndFuse, the flush pipeline: pending nodes -> one cached XLA program -> buffers.
 
-Steps, each a function below:
-  wire            number the nodes; map every input to an external buffer or a node output
-  choose_outputs  keep only values a live storage still holds (dead intermediates never
-                  get a buffer)
+Steps:
+  plan            (C: _C.flush_plan, one pass over the nodes) number the nodes; map every
+                  input to an external buffer or a node output; keep as outputs only the
+                  values a live storage still holds (dead intermediates never get a buffer)
   graph_key       op entries + wiring + outputs + scalar types: tensor data and scalar
                   values are parameters, so a changing learning rate does not recompile
   lookup/compile  one jax.jit per key; a miss explains what differed from the last graph
@@ -20,53 +20,13 @@ import time
 
 import jax
 
-from .. import _storage, metrics
-from .graph import Lazy as _Lazy
+from .. import _C, _storage, metrics
 
 _ATTR = _storage.ATTR
 _CACHE: dict = {}
 _LAST_BY_OPS: dict = {}   # op sequence -> last key compiled for it (recompile reasons)
 recompile_reasons = metrics.recompile_reasons
 _DONATE = os.environ.get("TORCH_TPU_DONATE", "1") not in ("", "0")
-
-
-def wire(nodes):
-    """-> (wiring per node, external buffers, flat dyns)."""
-    ext_index = {}
-    ext = []
-    wiring = []
-    dyns = []
-    for pos, node in enumerate(nodes):
-        node.pos = pos
-    for node in nodes:
-        w = []
-        for b in node.bufs:
-            if type(b) is _Lazy:
-                w.append((b.node.pos, b.idx))
-            else:
-                k = id(b)
-                j = ext_index.get(k)
-                if j is None:
-                    j = ext_index[k] = len(ext)
-                    ext.append(b)
-                w.append(j)
-        wiring.append(tuple(w))
-        dyns.extend(node.dyns)
-    return tuple(wiring), ext, dyns
-
-
-def choose_outputs(nodes):
-    """Values still held by a live storage -> [(node pos, out idx)] and their storages."""
-    refs, storages = [], []
-    for node in nodes:
-        for lazy in node.outs:
-            st = lazy.owner()
-            if st is not None:
-                rec = getattr(st, _ATTR, None)
-                if rec is not None and rec[0] is lazy:
-                    refs.append((node.pos, lazy.idx))
-                    storages.append(st)
-    return tuple(refs), storages
 
 
 def donations(ext, storages):
@@ -87,11 +47,6 @@ def donations(ext, storages):
                 free[k] -= 1
                 out.append(j)
     return tuple(out)
-
-
-def graph_key(nodes, wiring, out_refs, dyns, donate):
-    entries = tuple(id(n.entry) for n in nodes)
-    return (entries, wiring, out_refs, tuple(getattr(d, "dtype", type(d)) for d in dyns), donate)
 
 
 def _build(nodes, wiring, out_refs, next_):
@@ -150,12 +105,11 @@ def _user_line(where):
 
 
 def flush(nodes) -> None:
-    wiring, ext, dyns = wire(nodes)
-    out_refs, storages = choose_outputs(nodes)
-    for node in nodes:  # from here on only `ext` holds the inputs
-        node.bufs = None
+    # wire + choose outputs, in C (one pass each over the nodes); from here on only `ext`
+    # holds the inputs
+    wiring, ext, dyns, entries, dyn_types, out_refs, storages = _C.flush_plan(nodes)
     donate = donations(ext, storages) if _DONATE else ()
-    key = graph_key(nodes, wiring, out_refs, dyns, donate)
+    key = (entries, wiring, out_refs, dyn_types, donate)  # the graph key
     fn = _CACHE.get(key)
     if fn is None:
         t0 = time.perf_counter()

@@ -54,7 +54,7 @@ def device_scalar(v):
     if a is None:
         if len(_SCALARS) > 4096:
             _SCALARS.clear()
-        a = _SCALARS[k] = jax.device_put(v, _runtime.device())
+        a = _SCALARS[k] = _runtime.scalar_to_device(v)
     return a
 
 
@@ -65,6 +65,8 @@ def _hashable(v):
 
 
 scan_fast = _C.scan  # (plan, vals) -> OpPlan.scan's result, or None: see OpPlan.scan
+# (plan, args, kwargs) -> vals: the argument values in schema order, defaults filled in
+normalize = _C.normalize
 _C.scan_setup(_storage.ATTR, _SCALARS)
 
 
@@ -129,8 +131,9 @@ class OpPlan:
         self.cache = {}
         # like CUDA, advanced indexing of a device tensor takes index tensors on the host
         self.host_indices = schema.name in _HOST_INDEX_OPS
-        # what csrc/scan.cpp reads: (kinds, in-place?, Python scan only?)
-        self.cspec = (self.kinds, bool(self.mutable), self.seeded or self.factory)
+        # what csrc/scan.cpp reads: (kinds, in-place?, Python scan only?, npos, names, defaults)
+        self.cspec = (self.kinds, bool(self.mutable), self.seeded or self.factory,
+                      self.npos, self.names, self.defaults)
 
     def __repr__(self):
         # keys start with the plan (hashed by identity: OpOverload's hash is Python code),
@@ -138,16 +141,6 @@ class OpPlan:
         return str(self.op)
 
     # ------------------------------------------------------------ per call (hot path)
-    def normalize(self, args, kwargs):
-        vals = list(args)
-        n = len(vals)
-        if n < self.npos:
-            vals.extend(self.defaults[n:self.npos])
-        names = self.names
-        for i in range(self.npos, len(names)):
-            vals.append(kwargs.get(names[i], self.defaults[i]))
-        return vals
-
     def scan(self, vals):
         """-> (key, bufs, dyns): key = (this plan, one part per argument[, shared]).
         Tensors give their view spec, numbers their type.

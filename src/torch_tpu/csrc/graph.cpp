@@ -1,0 +1,488 @@
+// DeferAndFuse's pending graph in C: the Node and Lazy types (eager/graph.py documents
+// them), recording one op's node and result tensors, and the flush's first pass over the
+// graph. These run once per recorded op or node; in Python they cost several
+// microseconds each, more than the rest of recording an op.
+//
+// record(nodes, entry, bufs, dyns, vals) appends the op's Node to `nodes` and returns
+// what the op returns: new tensors for its fresh results, each storage holding a Lazy
+// (this node's output) as its buffer record, and Lazy records for the storages it
+// mutates. The Python it replaces is DeferExecutor.execute's tail (eager/defer.py).
+//
+// flush_plan(nodes) numbers the nodes and wires the graph (fuse.flush's first step).
+#include <Python.h>
+#include <structmember.h>
+
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace torch_tpu {
+
+PyObject* empty_with_storage(PyObject*, PyObject* const* args, Py_ssize_t nargs);  // tpu_ext.cpp
+PyObject* user_line(PyObject*, PyObject*);                                          // scan.cpp
+extern PyObject* g_record_attr;  // scan.cpp: the storage attribute holding (buffer, length, dtype)
+
+namespace {
+
+struct NodeObject {
+  PyObject_HEAD
+  PyObject* entry;  // the op's cached Entry (its traceable body, result specs)
+  PyObject* bufs;   // input buffers: jax arrays or Lazy values, in the entry's order
+  PyObject* dyns;   // dynamic scalars (learning rates, RNG seed and offset)
+  PyObject* outs;   // a Lazy per output
+  PyObject* frame;  // (file, line) of the user code that recorded it, for errors
+  Py_ssize_t pos;   // index in its graph, set at the flush
+};
+
+struct LazyObject {
+  PyObject_HEAD
+  PyObject* node;   // the node that will produce this flat buffer
+  Py_ssize_t idx;   // which of its outputs
+  PyObject* owner;  // weakref to the storage object whose buffer record holds this value
+};
+
+PyTypeObject* g_node_type = nullptr;
+PyTypeObject* g_lazy_type = nullptr;
+PyObject* g_names[5];  // Entry attributes fresh, out_recs, mut_slots, structure; "dtype"
+
+enum { N_FRESH, N_OUT_RECS, N_MUT_SLOTS, N_STRUCTURE, N_DTYPE };
+
+NodeObject* new_node(PyObject* entry, PyObject* bufs, PyObject* dyns, PyObject* frame) {
+  auto* n = reinterpret_cast<NodeObject*>(g_node_type->tp_alloc(g_node_type, 0));
+  if (n == nullptr) return nullptr;
+  n->outs = PyList_New(0);
+  if (n->outs == nullptr) {
+    Py_DECREF(n);
+    return nullptr;
+  }
+  Py_INCREF(entry);
+  Py_INCREF(bufs);
+  Py_INCREF(dyns);
+  Py_INCREF(frame);
+  n->entry = entry;
+  n->bufs = bufs;
+  n->dyns = dyns;
+  n->frame = frame;
+  return n;
+}
+
+// A new Lazy for the next output of `node`, owned by storage `st`, appended to its outs.
+PyObject* new_lazy(NodeObject* node, PyObject* st) {
+  auto* l = reinterpret_cast<LazyObject*>(g_lazy_type->tp_alloc(g_lazy_type, 0));
+  if (l == nullptr) return nullptr;
+  l->owner = PyWeakref_NewRef(st, nullptr);
+  if (l->owner == nullptr || PyList_Append(node->outs, reinterpret_cast<PyObject*>(l)) < 0) {
+    Py_DECREF(l);
+    return nullptr;
+  }
+  Py_INCREF(node);
+  l->node = reinterpret_cast<PyObject*>(node);
+  l->idx = PyList_GET_SIZE(node->outs) - 1;
+  return reinterpret_cast<PyObject*>(l);
+}
+
+// storage.<attr> = (lazy, length, dtype)
+bool set_record(PyObject* st, PyObject* lazy, PyObject* n, PyObject* dtype) {
+  PyObject* rec = PyTuple_Pack(3, lazy, n, dtype);
+  if (rec == nullptr) return false;
+  const int rc = PyObject_SetAttr(st, g_record_attr, rec);
+  Py_DECREF(rec);
+  return rc == 0;
+}
+
+// ------------------------------------------------------------ the two types
+PyObject* node_new(PyTypeObject*, PyObject* args, PyObject* kwargs) {
+  PyObject *entry, *bufs, *dyns, *frame;
+  static const char* kw[] = {"entry", "bufs", "dyns", "frame", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO:Node", const_cast<char**>(kw), &entry, &bufs,
+                                   &dyns, &frame))
+    return nullptr;
+  return reinterpret_cast<PyObject*>(new_node(entry, bufs, dyns, frame));
+}
+
+int node_traverse(PyObject* self, visitproc visit, void* arg) {
+  auto* n = reinterpret_cast<NodeObject*>(self);
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(n->entry);
+  Py_VISIT(n->bufs);
+  Py_VISIT(n->dyns);
+  Py_VISIT(n->outs);
+  Py_VISIT(n->frame);
+  return 0;
+}
+
+int node_clear(PyObject* self) {
+  auto* n = reinterpret_cast<NodeObject*>(self);
+  Py_CLEAR(n->entry);
+  Py_CLEAR(n->bufs);
+  Py_CLEAR(n->dyns);
+  Py_CLEAR(n->outs);
+  Py_CLEAR(n->frame);
+  return 0;
+}
+
+void node_dealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  node_clear(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyMemberDef node_members[] = {
+    {"entry", T_OBJECT, offsetof(NodeObject, entry), 0, nullptr},
+    {"bufs", T_OBJECT, offsetof(NodeObject, bufs), 0, nullptr},
+    {"dyns", T_OBJECT, offsetof(NodeObject, dyns), 0, nullptr},
+    {"outs", T_OBJECT, offsetof(NodeObject, outs), 0, nullptr},
+    {"frame", T_OBJECT, offsetof(NodeObject, frame), 0, nullptr},
+    {"pos", T_PYSSIZET, offsetof(NodeObject, pos), 0, nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot node_slots[] = {
+    {Py_tp_doc, const_cast<char*>("Node(entry, bufs, dyns, frame): one recorded op of a pending graph")},
+    {Py_tp_new, reinterpret_cast<void*>(node_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(node_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(node_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(node_clear)},
+    {Py_tp_members, node_members},
+    {0, nullptr}};
+
+PyType_Spec node_spec = {"torch_tpu._C.Node", sizeof(NodeObject), 0,
+                         Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, node_slots};
+
+PyObject* lazy_new(PyTypeObject*, PyObject* args, PyObject* kwargs) {
+  PyObject *node, *owner;
+  Py_ssize_t idx;
+  static const char* kw[] = {"node", "idx", "owner", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnO:Lazy", const_cast<char**>(kw), &node, &idx, &owner))
+    return nullptr;
+  auto* l = reinterpret_cast<LazyObject*>(g_lazy_type->tp_alloc(g_lazy_type, 0));
+  if (l == nullptr) return nullptr;
+  Py_INCREF(node);
+  Py_INCREF(owner);
+  l->node = node;
+  l->idx = idx;
+  l->owner = owner;
+  return reinterpret_cast<PyObject*>(l);
+}
+
+int lazy_traverse(PyObject* self, visitproc visit, void* arg) {
+  auto* l = reinterpret_cast<LazyObject*>(self);
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(l->node);
+  Py_VISIT(l->owner);
+  return 0;
+}
+
+int lazy_clear(PyObject* self) {
+  auto* l = reinterpret_cast<LazyObject*>(self);
+  Py_CLEAR(l->node);
+  Py_CLEAR(l->owner);
+  return 0;
+}
+
+void lazy_dealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  lazy_clear(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyMemberDef lazy_members[] = {
+    {"node", T_OBJECT, offsetof(LazyObject, node), 0, nullptr},
+    {"idx", T_PYSSIZET, offsetof(LazyObject, idx), 0, nullptr},
+    {"owner", T_OBJECT, offsetof(LazyObject, owner), 0, nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot lazy_slots[] = {
+    {Py_tp_doc, const_cast<char*>("Lazy(node, idx, owner): a flat buffer a pending node will produce")},
+    {Py_tp_new, reinterpret_cast<void*>(lazy_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(lazy_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(lazy_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(lazy_clear)},
+    {Py_tp_members, lazy_members},
+    {0, nullptr}};
+
+PyType_Spec lazy_spec = {"torch_tpu._C.Lazy", sizeof(LazyObject), 0,
+                         Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, lazy_slots};
+
+// ------------------------------------------------------------ recording
+// What the op returns, per its schema: structure entries are ("fresh",), ("alias", i),
+// ("list", n) or ("value", v) (strict.assemble is the same in Python).
+PyObject* assemble(PyObject* structure, PyObject* vals, PyObject* fresh) {
+  const Py_ssize_t n = PyTuple_GET_SIZE(structure);
+  if (n == 0) Py_RETURN_NONE;
+  PyObject* rets = PyTuple_New(n);
+  if (rets == nullptr) return nullptr;
+  Py_ssize_t next = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* s = PyTuple_GET_ITEM(structure, i);
+    PyObject* tag = PyTuple_GET_ITEM(s, 0);
+    PyObject* r;
+    if (tag == g_names[N_FRESH] || PyUnicode_CompareWithASCIIString(tag, "fresh") == 0) {
+      r = PyList_GET_ITEM(fresh, next++);
+      Py_INCREF(r);
+    } else if (PyUnicode_CompareWithASCIIString(tag, "alias") == 0) {
+      r = PyList_GET_ITEM(vals, PyLong_AsSsize_t(PyTuple_GET_ITEM(s, 1)));
+      Py_INCREF(r);
+    } else if (PyUnicode_CompareWithASCIIString(tag, "list") == 0) {
+      const Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(s, 1));
+      r = PyList_GetSlice(fresh, next, next + k);
+      next += k;
+    } else {
+      r = PyTuple_GET_ITEM(s, 1);
+      Py_INCREF(r);
+    }
+    if (r == nullptr) {
+      Py_DECREF(rets);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(rets, i, r);
+  }
+  if (n == 1) {
+    PyObject* r = PyTuple_GET_ITEM(rets, 0);
+    Py_INCREF(r);
+    Py_DECREF(rets);
+    return r;
+  }
+  return rets;
+}
+
+// The fresh result tensors of `node`: new tensors whose storages hold its Lazy outputs.
+bool record_fresh(NodeObject* node, PyObject* specs, PyObject* recs, PyObject* fresh) {
+  const Py_ssize_t n = PyList_GET_SIZE(specs);
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject* spec = PyList_GET_ITEM(specs, k);  // (shape, torch dtype)
+    PyObject* rec = PyList_GET_ITEM(recs, k);    // (flat length, jax dtype)
+    PyObject* args[3] = {PyTuple_GET_ITEM(spec, 0), Py_None, PyTuple_GET_ITEM(spec, 1)};
+    PyObject* pair = empty_with_storage(nullptr, args, 3);
+    if (pair == nullptr) return false;
+    PyObject* st = PyTuple_GET_ITEM(pair, 1);
+    PyObject* lazy = new_lazy(node, st);
+    const bool ok = lazy != nullptr &&
+                    set_record(st, lazy, PyTuple_GET_ITEM(rec, 0), PyTuple_GET_ITEM(rec, 1)) &&
+                    PyList_Append(fresh, PyTuple_GET_ITEM(pair, 0)) == 0;
+    Py_XDECREF(lazy);
+    Py_DECREF(pair);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// The storages the op mutates now hold its Lazy outputs (after the fresh ones).
+bool record_mutated(NodeObject* node, PyObject* slots, PyObject* vals) {
+  const Py_ssize_t n = PyList_GET_SIZE(slots);
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject* slot = PyList_GET_ITEM(slots, k);  // (arg index, list index or None)
+    PyObject* t = PyList_GET_ITEM(vals, PyLong_AsSsize_t(PyTuple_GET_ITEM(slot, 0)));
+    PyObject* j = PyTuple_GET_ITEM(slot, 1);
+    if (j != Py_None) t = PySequence_Fast_GET_ITEM(t, PyLong_AsSsize_t(j));
+    if (!THPVariable_Check(t)) {
+      PyErr_SetString(PyExc_TypeError, "record: a mutated argument is not a tensor");
+      return false;
+    }
+    PyObject* st = THPStorage_Wrap(THPVariable_Unpack(t).storage());
+    if (st == nullptr) return false;
+    PyObject* old = PyObject_GetAttr(st, g_record_attr);
+    PyObject* lazy = old == nullptr ? nullptr : new_lazy(node, st);
+    const bool ok = lazy != nullptr &&
+                    set_record(st, lazy, PyTuple_GET_ITEM(old, 1), PyTuple_GET_ITEM(old, 2));
+    Py_XDECREF(lazy);
+    Py_XDECREF(old);
+    Py_DECREF(st);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5 || !PyList_Check(args[0]) || !PyList_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError, "record(nodes, entry, bufs, dyns, vals: list)");
+    return nullptr;
+  }
+  PyObject *nodes = args[0], *entry = args[1], *vals = args[4];
+  PyObject* frame = user_line(nullptr, nullptr);
+  if (frame == nullptr) return nullptr;
+  NodeObject* node = new_node(entry, args[2], args[3], frame);
+  Py_DECREF(frame);
+  if (node == nullptr) return nullptr;
+  PyObject* specs = PyObject_GetAttr(entry, g_names[N_FRESH]);
+  PyObject* recs = PyObject_GetAttr(entry, g_names[N_OUT_RECS]);
+  PyObject* slots = PyObject_GetAttr(entry, g_names[N_MUT_SLOTS]);
+  PyObject* structure = PyObject_GetAttr(entry, g_names[N_STRUCTURE]);
+  PyObject* fresh = PyList_New(0);
+  PyObject* result = nullptr;
+  if (specs != nullptr && recs != nullptr && slots != nullptr && structure != nullptr &&
+      fresh != nullptr && PyList_Check(specs) && PyList_Check(recs) && PyList_Check(slots) &&
+      PyTuple_Check(structure) && PyList_Append(nodes, reinterpret_cast<PyObject*>(node)) == 0 &&
+      record_fresh(node, specs, recs, fresh) && record_mutated(node, slots, vals)) {
+    result = assemble(structure, vals, fresh);
+  } else if (!PyErr_Occurred()) {
+    PyErr_SetString(PyExc_TypeError, "record: malformed entry");
+  }
+  Py_XDECREF(specs);
+  Py_XDECREF(recs);
+  Py_XDECREF(slots);
+  Py_XDECREF(structure);
+  Py_XDECREF(fresh);
+  Py_DECREF(node);
+  return result;
+}
+
+// ------------------------------------------------------------ flushing
+// flush_plan(nodes) -> (wiring, ext, dyns, entry ids, dyn types, out_refs, storages):
+//   node.pos = its index; each node's inputs wired as an int (index into `ext`, the
+//   distinct external buffers) or (node pos, output idx); node.bufs dropped, so that from
+//   here on only `ext` holds the inputs; the values a live storage still holds become the
+//   graph's outputs (out_refs), in the order of `storages`. dyn types: each dynamic
+//   scalar's dtype (or Python type), for the graph key.
+PyObject* flush_plan(PyObject*, PyObject* nodes) {
+  if (!PyList_Check(nodes)) {
+    PyErr_SetString(PyExc_TypeError, "flush_plan(nodes: list)");
+    return nullptr;
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(nodes);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* o = PyList_GET_ITEM(nodes, i);
+    if (Py_TYPE(o) != g_node_type) {
+      PyErr_SetString(PyExc_TypeError, "flush_plan: not a Node");
+      return nullptr;
+    }
+    reinterpret_cast<NodeObject*>(o)->pos = i;
+  }
+  PyObject* wiring = PyTuple_New(n);
+  PyObject* entries = PyTuple_New(n);
+  PyObject* ext = PyList_New(0);
+  PyObject* dyns = PyList_New(0);
+  PyObject* refs = PyList_New(0);
+  PyObject* storages = PyList_New(0);
+  PyObject* ext_index = PyDict_New();  // id -> index in ext
+  PyObject* result = nullptr;
+  if (!wiring || !entries || !ext || !dyns || !refs || !storages || !ext_index) goto done;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    auto* node = reinterpret_cast<NodeObject*>(PyList_GET_ITEM(nodes, i));
+    PyObject* id = PyLong_FromVoidPtr(node->entry);
+    if (id == nullptr) goto done;
+    PyTuple_SET_ITEM(entries, i, id);
+    if (!PyList_Check(node->bufs) || !PyList_Check(node->dyns)) {
+      PyErr_SetString(PyExc_TypeError, "flush_plan: node flushed twice");
+      goto done;
+    }
+    const Py_ssize_t nb = PyList_GET_SIZE(node->bufs);
+    PyObject* w = PyTuple_New(nb);
+    if (w == nullptr) goto done;
+    PyTuple_SET_ITEM(wiring, i, w);
+    for (Py_ssize_t k = 0; k < nb; ++k) {
+      PyObject* b = PyList_GET_ITEM(node->bufs, k);
+      PyObject* item;
+      if (Py_TYPE(b) == g_lazy_type) {
+        auto* l = reinterpret_cast<LazyObject*>(b);
+        item = Py_BuildValue("(nn)", reinterpret_cast<NodeObject*>(l->node)->pos, l->idx);
+      } else {
+        PyObject* key = PyLong_FromVoidPtr(b);
+        if (key == nullptr) goto done;
+        item = PyDict_GetItemWithError(ext_index, key);  // borrowed
+        if (item != nullptr) {
+          Py_INCREF(item);
+        } else if (!PyErr_Occurred()) {
+          item = PyLong_FromSsize_t(PyList_GET_SIZE(ext));
+          if (item != nullptr && (PyDict_SetItem(ext_index, key, item) < 0 || PyList_Append(ext, b) < 0))
+            Py_CLEAR(item);
+        }
+        Py_DECREF(key);
+      }
+      if (item == nullptr) goto done;
+      PyTuple_SET_ITEM(w, k, item);
+    }
+    const Py_ssize_t nd = PyList_GET_SIZE(dyns);
+    if (PyList_SetSlice(dyns, nd, nd, node->dyns) < 0) goto done;  // extend
+    Py_INCREF(Py_None);
+    Py_SETREF(node->bufs, Py_None);
+  }
+  // outputs: values a live storage still holds
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    auto* node = reinterpret_cast<NodeObject*>(PyList_GET_ITEM(nodes, i));
+    const Py_ssize_t no = PyList_GET_SIZE(node->outs);
+    for (Py_ssize_t k = 0; k < no; ++k) {
+      auto* l = reinterpret_cast<LazyObject*>(PyList_GET_ITEM(node->outs, k));
+      PyObject* st = PyWeakref_GetObject(l->owner);  // borrowed
+      if (st == nullptr) goto done;
+      if (st == Py_None) continue;
+      PyObject* rec = PyObject_GetAttr(st, g_record_attr);
+      if (rec == nullptr) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto done;
+        PyErr_Clear();
+        continue;
+      }
+      const bool live = PyTuple_Check(rec) && PyTuple_GET_SIZE(rec) == 3 &&
+                        PyTuple_GET_ITEM(rec, 0) == reinterpret_cast<PyObject*>(l);
+      Py_DECREF(rec);
+      if (!live) continue;
+      PyObject* ref = Py_BuildValue("(nn)", i, l->idx);
+      if (ref == nullptr) goto done;
+      const int rc = PyList_Append(refs, ref);
+      Py_DECREF(ref);
+      if (rc < 0 || PyList_Append(storages, st) < 0) goto done;
+    }
+  }
+  {
+    const Py_ssize_t nd = PyList_GET_SIZE(dyns);
+    PyObject* types = PyTuple_New(nd);
+    if (types == nullptr) goto done;
+    for (Py_ssize_t k = 0; k < nd; ++k) {
+      PyObject* d = PyList_GET_ITEM(dyns, k);
+      PyObject* t;
+      if (PyLong_CheckExact(d) || PyFloat_CheckExact(d)) {  // seeds and offsets
+        t = reinterpret_cast<PyObject*>(Py_TYPE(d));
+        Py_INCREF(t);
+      } else if ((t = PyObject_GetAttr(d, g_names[N_DTYPE])) == nullptr) {
+        PyErr_Clear();
+        t = reinterpret_cast<PyObject*>(Py_TYPE(d));
+        Py_INCREF(t);
+      }
+      PyTuple_SET_ITEM(types, k, t);
+    }
+    PyObject* out_refs = PyList_AsTuple(refs);
+    if (out_refs == nullptr) {
+      Py_DECREF(types);
+      goto done;
+    }
+    result = PyTuple_Pack(7, wiring, ext, dyns, entries, types, out_refs, storages);
+    Py_DECREF(types);
+    Py_DECREF(out_refs);
+  }
+done:
+  Py_XDECREF(wiring);
+  Py_XDECREF(entries);
+  Py_XDECREF(ext);
+  Py_XDECREF(dyns);
+  Py_XDECREF(refs);
+  Py_XDECREF(storages);
+  Py_XDECREF(ext_index);
+  return result;
+}
+
+PyMethodDef g_methods[] = {
+    {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(record)), METH_FASTCALL,
+     "record(nodes, entry, bufs, dyns, vals) -> the op's result: appends its pending Node"},
+    {"flush_plan", flush_plan, METH_O,
+     "flush_plan(nodes) -> (wiring, ext, dyns, entry ids, dyn types, out_refs, storages)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+void add_graph_functions(PyObject* module) {
+  g_node_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&node_spec));
+  g_lazy_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&lazy_spec));
+  const char* names[] = {"fresh", "out_recs", "mut_slots", "structure", "dtype"};
+  for (int i = 0; i < 5; ++i) g_names[i] = PyUnicode_InternFromString(names[i]);
+  if (g_node_type == nullptr || g_lazy_type == nullptr ||
+      PyModule_AddObject(module, "Node", reinterpret_cast<PyObject*>(g_node_type)) < 0 ||
+      PyModule_AddObject(module, "Lazy", reinterpret_cast<PyObject*>(g_lazy_type)) < 0 ||
+      PyModule_AddFunctions(module, g_methods) < 0)
+    throw std::runtime_error("graph types");
+  Py_INCREF(g_node_type);  // PyModule_AddObject stole one; these globals keep theirs
+  Py_INCREF(g_lazy_type);
+}
+
+}  // namespace torch_tpu
