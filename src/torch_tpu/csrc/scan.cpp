@@ -57,6 +57,44 @@ PyObject* int_tuple(c10::IntArrayRef xs) {
 // Python), or nullptr with a Python error set.
 PyObject* const BAIL = reinterpret_cast<PyObject*>(1);
 
+// The buffer record (buffer, length, dtype) of a tensor's storage, a new reference, with
+// the storage object in *st (new reference); BAIL when the storage has none (no buffer
+// yet, or not a tpu storage).
+PyObject* storage_record(const at::Tensor& t, PyObject** st) {
+  *st = THPStorage_Wrap(t.storage());
+  if (*st == nullptr) return nullptr;
+  PyObject* rec = PyObject_GetAttr(*st, g_record_attr);
+  if (rec != nullptr && PyTuple_Check(rec) && PyTuple_GET_SIZE(rec) == 3) return rec;
+  Py_XDECREF(rec);
+  Py_CLEAR(*st);
+  if (rec == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return nullptr;
+    PyErr_Clear();
+  }
+  return BAIL;
+}
+
+// A tensor's key part: (shape, strides, offset, dtype, buffer length, buffer dtype[, extra]).
+PyObject* view_part(const at::Tensor& t, PyObject* rec, PyObject* extra) {
+  PyObject* part = PyTuple_New(extra == nullptr ? 6 : 7);
+  PyObject* shape = int_tuple(t.sizes());
+  PyObject* stride = int_tuple(t.strides());
+  PyObject* offset = PyLong_FromLongLong(t.storage_offset());
+  if (part == nullptr || shape == nullptr || stride == nullptr || offset == nullptr) {
+    Py_XDECREF(part);
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    Py_XDECREF(offset);
+    return nullptr;
+  }
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+  PyObject* items[7] = {shape, stride, offset, dtype, PyTuple_GET_ITEM(rec, 1), PyTuple_GET_ITEM(rec, 2), extra};
+  Py_INCREF(dtype);
+  for (int i = 4; i < PyTuple_GET_SIZE(part); ++i) Py_INCREF(items[i]);
+  for (int i = 0; i < PyTuple_GET_SIZE(part); ++i) PyTuple_SET_ITEM(part, i, items[i]);
+  return part;
+}
+
 struct Scan {
   PyObject* bufs;
   PyObject* dyns;
@@ -70,49 +108,17 @@ struct Scan {
     if (!THPVariable_Check(v)) return BAIL;
     const at::Tensor& t = THPVariable_Unpack(v);
     if (t.is_conj() || t.is_neg()) return BAIL;
-    PyObject* st = THPStorage_Wrap(t.storage());
-    if (st == nullptr) return nullptr;
-    PyObject* rec = PyObject_GetAttr(st, g_record_attr);
+    PyObject* st;
+    PyObject* rec = storage_record(t, &st);
+    if (rec == nullptr || rec == BAIL) return rec;
     Py_DECREF(st);
-    if (rec == nullptr) {
-      if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return nullptr;
-      PyErr_Clear();
-      return BAIL;  // no buffer yet (first touch), or not a tpu storage
-    }
-    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 3) {
-      Py_DECREF(rec);
-      return BAIL;
-    }
     if (PyList_Append(bufs, PyTuple_GET_ITEM(rec, 0)) < 0 ||
         (recs != nullptr && PyList_Append(recs, rec) < 0)) {
       Py_DECREF(rec);
       return nullptr;
     }
-    PyObject* part = PyTuple_New(6);
-    PyObject* shape = int_tuple(t.sizes());
-    PyObject* stride = int_tuple(t.strides());
-    PyObject* offset = PyLong_FromLongLong(t.storage_offset());
-    if (part == nullptr || shape == nullptr || stride == nullptr || offset == nullptr) {
-      Py_XDECREF(part);
-      Py_XDECREF(shape);
-      Py_XDECREF(stride);
-      Py_XDECREF(offset);
-      Py_DECREF(rec);
-      return nullptr;
-    }
-    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
-    Py_INCREF(dtype);
-    PyObject* blen = PyTuple_GET_ITEM(rec, 1);
-    PyObject* bdt = PyTuple_GET_ITEM(rec, 2);
-    Py_INCREF(blen);
-    Py_INCREF(bdt);
+    PyObject* part = view_part(t, rec, nullptr);
     Py_DECREF(rec);
-    PyTuple_SET_ITEM(part, 0, shape);
-    PyTuple_SET_ITEM(part, 1, stride);
-    PyTuple_SET_ITEM(part, 2, offset);
-    PyTuple_SET_ITEM(part, 3, dtype);
-    PyTuple_SET_ITEM(part, 4, blen);
-    PyTuple_SET_ITEM(part, 5, bdt);
     return part;
   }
 
@@ -354,6 +360,85 @@ PyObject* setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 }  // namespace
 
+// program_scan(kinds, args) -> (parts, bufs, storages), or None: what Program.__call__
+// (compile/program.py) makes of a compiled graph's arguments. kinds: 0 a tpu tensor (part:
+// its view spec and the index of its storage's buffer in bufs, one per distinct storage),
+// 1 a CPU tensor (None), 2 an int, 3 anything else (itself). None when a tpu input's storage
+// has no buffer yet: the Python makes one.
+namespace {
+enum InKind { IN_TPU, IN_CPU, IN_INT, IN_OTHER };
+}  // namespace
+
+PyObject* program_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+      PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "program_scan(kinds: list, args: list of the same length)");
+    return nullptr;
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(args[1]);
+  PyObject* parts = PyList_New(n);
+  PyObject* bufs = PyList_New(0);
+  PyObject* storages = PyList_New(0);
+  std::unordered_map<PyObject*, Py_ssize_t> seen;  // storage object -> its index in bufs
+  bool ok = parts != nullptr && bufs != nullptr && storages != nullptr;
+  bool bail = false;
+  for (Py_ssize_t i = 0; ok && i < n; ++i) {
+    PyObject* a = PyList_GET_ITEM(args[1], i);
+    PyObject* part = nullptr;
+    switch (PyLong_AsLong(PyList_GET_ITEM(args[0], i))) {
+      case IN_TPU: {
+        if (!THPVariable_Check(a)) {
+          bail = true;
+          break;
+        }
+        const at::Tensor& t = THPVariable_Unpack(a);
+        PyObject* st;
+        PyObject* rec = storage_record(t, &st);
+        if (rec == nullptr || rec == BAIL) {
+          bail = rec == BAIL;
+          break;
+        }
+        auto it = seen.find(st);
+        Py_ssize_t j;
+        if (it == seen.end()) {
+          j = PyList_GET_SIZE(bufs);
+          seen.emplace(st, j);
+          ok = PyList_Append(bufs, PyTuple_GET_ITEM(rec, 0)) == 0 && PyList_Append(storages, st) == 0;
+        } else {
+          j = it->second;
+        }
+        PyObject* idx = ok ? PyLong_FromSsize_t(j) : nullptr;
+        part = idx == nullptr ? nullptr : view_part(t, rec, idx);
+        Py_XDECREF(idx);
+        Py_DECREF(rec);
+        Py_DECREF(st);  // `storages` holds it (so its address stays unique in `seen`)
+        break;
+      }
+      case IN_CPU:
+        Py_INCREF(Py_None);
+        part = Py_None;
+        break;
+      case IN_INT:
+        part = PyNumber_Long(a);
+        break;
+      default:
+        Py_INCREF(a);
+        part = a;
+    }
+    if (part == nullptr) {
+      ok = false;
+      break;
+    }
+    PyList_SET_ITEM(parts, i, part);
+  }
+  PyObject* result = ok && !bail ? PyTuple_Pack(3, parts, bufs, storages) : nullptr;
+  Py_XDECREF(parts);
+  Py_XDECREF(bufs);
+  Py_XDECREF(storages);
+  if (bail && !PyErr_Occurred()) Py_RETURN_NONE;
+  return result;
+}
+
 // user_line() -> (file, line) of the innermost calling frame outside torch and torch_tpu,
 // or ("<autograd>", 0) when there is none (an op the autograd engine runs). Whether a
 // code object is internal is cached by the code object (held, so its address is not
@@ -403,6 +488,8 @@ PyMethodDef g_methods[] = {
      "normalize(plan, args, kwargs) -> the argument values in schema order, defaults filled in"},
     {"scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(scan)), METH_FASTCALL,
      "scan(plan, vals) -> (key, bufs, dyns), or None where OpPlan.scan's Python must do it"},
+    {"program_scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(program_scan)), METH_FASTCALL,
+     "program_scan(kinds, args) -> (parts, bufs, storages) of a compiled graph's call, or None"},
     {"user_line", user_line, METH_NOARGS,
      "user_line() -> (file, line) of the innermost caller outside torch and torch_tpu"},
     {nullptr, nullptr, 0, nullptr}};
