@@ -125,6 +125,23 @@ def test_complex_views_of_real_storage():
     torch.testing.assert_close(z.to("tpu").view(torch.float32).cpu(), z.view(torch.float32))
 
 
+def test_small_constants_share_one_immutable_buffer():
+    """zeros/ones/full of small sizes reuse one cached XLA buffer (a write to a storage
+    makes it a new buffer, so sharing is invisible); -0.0 stays distinct from 0.0."""
+    from torch_tpu import _storage
+
+    a, b = torch.zeros(16, device="tpu"), torch.zeros(16, device="tpu")
+    assert a.untyped_storage()._xla[0] is b.untyped_storage()._xla[0]
+    a.add_(1)
+    a[3] = 5
+    assert b.cpu().tolist() == [0.0] * 16 and a.cpu()[3].item() == 5
+    neg = torch.full((16,), -0.0, device="tpu")
+    assert torch.equal(1 / neg.cpu(), torch.full((16,), -float("inf")))
+    n = _storage.SHARED_MAX_ELEMENTS + 1
+    big1, big2 = torch.ones(n, device="tpu"), torch.ones(n, device="tpu")
+    assert big1.untyped_storage()._xla[0] is not big2.untyped_storage()._xla[0]
+
+
 def test_memory_returns_to_baseline():
     gc.collect()
     base = torch.tpu.memory_allocated()

@@ -15,7 +15,7 @@ import torch
 
 from . import _runtime, _storage, metrics
 from .eager import modes
-from .eager.opcall import OpPlan, device_scalar, normalize
+from .eager.opcall import OpPlan, normalize
 from .lowering import decomp, registry
 
 _LIB = torch.library.Library("aten", "IMPL")
@@ -195,7 +195,7 @@ def _fill_kernel(op, value_of):
                     metrics.counters[ex.counter] += 1
                     jdt = _runtime.jax_dtype(self.dtype)
                     n = self.numel()
-                    _storage.set_buffer(st, _storage.constant(n, jdt, device_scalar(value)), n, jdt)
+                    _storage.set_buffer(st, _storage.constant(n, jdt, value), n, jdt)
                 return self
         return ex.execute(plan, normalize(plan, (self, *args), {}))
 

@@ -8,6 +8,7 @@ static description into JAX code that runs inside the op's jitted function.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import math
 
@@ -46,18 +47,36 @@ def buffer(storage, dtype):
 
 
 def zeros(n, dtype):
-    """A new flat buffer of `n` zeros of jax `dtype`."""
-    return _zeros_fn(n, jnp.dtype(dtype))()
+    """A flat buffer of `n` zeros of jax `dtype`."""
+    return constant(n, dtype, 0)
+
+
+SHARED_MAX_ELEMENTS = 1 << 16   # constants up to this size are shared...
+SHARED_MAX_COUNT = 64           # ...the most recently used of them (<= 32 MiB in all)
+_shared: collections.OrderedDict = collections.OrderedDict()
 
 
 def constant(n, dtype, value):
-    """A new flat buffer of `n` elements of jax `dtype`, all `value` (a device scalar)."""
-    return _constant_fn(n, jnp.dtype(dtype))(value)
+    """A flat buffer of `n` elements of jax `dtype`, all `value` (a Python number).
 
-
-@functools.lru_cache(maxsize=None)
-def _zeros_fn(n, dtype):
-    return jax.jit(lambda: jnp.zeros((n,), dtype), out_shardings=_on_device())
+    XLA buffers are immutable (every write to a storage makes it a new buffer) and a
+    buffer that something else holds is never donated, so small constants are shared: the
+    zeros, ones and fills that torch.zeros/ones/full, zeros_like tangents and backward()'s
+    ones_like make every step cost a dict lookup instead of an XLA call."""
+    dtype = jnp.dtype(dtype)
+    # -0.0 == 0.0 (and hashes alike), but 1 / x tells them apart
+    sign = math.copysign(1.0, value) if type(value) is float else 0
+    key = (n, dtype, type(value), value, sign)
+    buf = _shared.get(key)
+    if buf is not None:
+        _shared.move_to_end(key)
+        return buf
+    buf = _constant_fn(n, dtype)(_runtime.scalar_to_device(value))
+    if n <= SHARED_MAX_ELEMENTS and type(value) is not complex:
+        _shared[key] = buf
+        if len(_shared) > SHARED_MAX_COUNT:
+            _shared.popitem(last=False)
+    return buf
 
 
 @functools.lru_cache(maxsize=None)
