@@ -163,10 +163,7 @@ class Program:
             extra.append(offset)
         metrics.counters["compile.calls"] += 1
         flat_outs, new_bufs = exe.fn(*bufs, *extra, *self.consts.values())
-        for j, buf in zip(exe.mut_storages, new_bufs[:len(exe.mut_storages)]):
-            s = storages[j]
-            rec = getattr(s, _ATTR)
-            _storage.set_buffer(s, buf, rec[1], rec[2])
+        _C.replace_buffers(storages, exe.mut_storages, new_bufs)  # the storages it wrote
         for i, host in zip(self.cpu_mutated, new_bufs[len(exe.mut_storages):]):
             args[i].copy_(_runtime.to_host(host, args[i].dtype).reshape(args[i].shape))
         outs = []

@@ -19,6 +19,7 @@ namespace torch_tpu {
 
 PyObject* empty_with_storage(PyObject*, PyObject* const* args, Py_ssize_t nargs);  // tpu_ext.cpp
 PyObject* user_line(PyObject*, PyObject*);                                          // scan.cpp
+void mark_realized(uint64_t ptr);  // tpu_ext.cpp: count the storage's bytes as device memory
 extern PyObject* g_record_attr;  // scan.cpp: the storage attribute holding (buffer, length, dtype)
 
 namespace {
@@ -462,7 +463,39 @@ done:
   return result;
 }
 
+// ------------------------------------------------------------ after a compiled program
+// replace_buffers(storages, indices, bufs): storages[indices[k]] now holds bufs[k] (same
+// length and dtype): the storages a compiled graph wrote (compile/program.py). A storage
+// whose buffer was still pending becomes real memory (_storage.set_buffer does the same).
+PyObject* replace_buffers(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
+      PyList_GET_SIZE(args[2]) < PyList_GET_SIZE(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "replace_buffers(storages, indices, bufs: lists)");
+    return nullptr;
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(args[1]);
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    const Py_ssize_t j = PyLong_AsSsize_t(PyList_GET_ITEM(args[1], k));
+    if (j < 0 || j >= PyList_GET_SIZE(args[0])) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "replace_buffers: storage index");
+      return nullptr;
+    }
+    PyObject* st = PyList_GET_ITEM(args[0], j);
+    PyObject* old = PyObject_GetAttr(st, g_record_attr);
+    if (old == nullptr) return nullptr;
+    const bool pending = Py_TYPE(PyTuple_GET_ITEM(old, 0)) == g_lazy_type;
+    const bool ok = set_record(st, PyList_GET_ITEM(args[2], k), PyTuple_GET_ITEM(old, 1), PyTuple_GET_ITEM(old, 2));
+    Py_DECREF(old);
+    if (!ok) return nullptr;
+    if (pending && THPStorage_Check(st))
+      mark_realized(reinterpret_cast<uint64_t>(THPStorage_Unpack(st).data()));
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef g_methods[] = {
+    {"replace_buffers", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(replace_buffers)), METH_FASTCALL,
+     "replace_buffers(storages, indices, bufs): storages[indices[k]] now holds bufs[k]"},
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(record)), METH_FASTCALL,
      "record(nodes, entry, bufs, dyns, vals) -> the op's result: appends its pending Node"},
     {"flush_plan", flush_plan, METH_O,
