@@ -12,10 +12,8 @@
 // passed for a scalar, seeded ops, factories, two mutated arguments sharing a storage, a
 // scalar not yet in the device-scalar cache. The Python path stays the reference.
 //
-// user_line() walks the calling frames to the first one outside torch and torch_tpu, the
-// user's line that DeferAndFuse keeps per recorded node for its error messages.
+// program_scan(kinds, args) does the same for a compiled graph's arguments.
 #include <Python.h>
-#include <frameobject.h>
 
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
@@ -439,45 +437,7 @@ PyObject* program_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return result;
 }
 
-// user_line() -> (file, line) of the innermost calling frame outside torch and torch_tpu,
-// or ("<autograd>", 0) when there is none (an op the autograd engine runs). Whether a
-// code object is internal is cached by the code object (held, so its address is not
-// reused while cached).
-static std::unordered_map<PyObject*, bool> g_internal;
-
-static bool internal(PyCodeObject* code) {
-  auto it = g_internal.find(reinterpret_cast<PyObject*>(code));
-  if (it != g_internal.end()) return it->second;
-  if (g_internal.size() > 10000) {  // generated code (fx, exec) makes new code objects
-    for (auto& kv : g_internal) Py_DECREF(kv.first);
-    g_internal.clear();
-  }
-  const char* name = PyUnicode_AsUTF8(code->co_filename);
-  const bool in = name != nullptr && (std::strstr(name, "/torch/") || std::strstr(name, "torch_tpu"));
-  if (name == nullptr) PyErr_Clear();
-  Py_INCREF(code);
-  g_internal.emplace(reinterpret_cast<PyObject*>(code), in);
-  return in;
-}
-
-PyObject* user_line(PyObject*, PyObject*) {
-  PyFrameObject* f = PyEval_GetFrame();  // borrowed
-  Py_XINCREF(f);
-  while (f != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(f);
-    if (!internal(code)) {
-      PyObject* out = Py_BuildValue("(Oi)", code->co_filename, PyFrame_GetLineNumber(f));
-      Py_DECREF(code);
-      Py_DECREF(f);
-      return out;
-    }
-    Py_DECREF(code);
-    PyFrameObject* back = PyFrame_GetBack(f);
-    Py_DECREF(f);
-    f = back;
-  }
-  return Py_BuildValue("(si)", "<autograd>", 0);
-}
+PyObject* user_line(PyObject*, PyObject*);  // frames.cpp
 
 namespace {
 
