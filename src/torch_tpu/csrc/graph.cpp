@@ -221,11 +221,11 @@ PyObject* assemble(PyObject* structure, PyObject* vals, PyObject* fresh) {
     PyObject* tag = PyTuple_GET_ITEM(s, 0);
     PyObject* r;
     if (tag == g_names[N_FRESH] || PyUnicode_CompareWithASCIIString(tag, "fresh") == 0) {
-      r = PyList_GET_ITEM(fresh, next++);
-      Py_INCREF(r);
+      r = PyList_GetItem(fresh, next++);  // borrowed; IndexError if the entry is malformed
+      Py_XINCREF(r);
     } else if (PyUnicode_CompareWithASCIIString(tag, "alias") == 0) {
-      r = PyList_GET_ITEM(vals, PyLong_AsSsize_t(PyTuple_GET_ITEM(s, 1)));
-      Py_INCREF(r);
+      r = PyList_GetItem(vals, PyLong_AsSsize_t(PyTuple_GET_ITEM(s, 1)));
+      Py_XINCREF(r);
     } else if (PyUnicode_CompareWithASCIIString(tag, "list") == 0) {
       const Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(s, 1));
       r = PyList_GetSlice(fresh, next, next + k);
@@ -493,7 +493,18 @@ PyObject* replace_buffers(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+// assemble(structure, vals, fresh) -> what an op returns (Strict's results too)
+PyObject* assemble_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyTuple_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "assemble(structure: tuple, vals: list, fresh: list)");
+    return nullptr;
+  }
+  return assemble(args[0], args[1], args[2]);
+}
+
 PyMethodDef g_methods[] = {
+    {"assemble", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(assemble_py)), METH_FASTCALL,
+     "assemble(structure, vals, fresh) -> the op's return value, per its schema's structure"},
     {"replace_buffers", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(replace_buffers)), METH_FASTCALL,
      "replace_buffers(storages, indices, bufs): storages[indices[k]] now holds bufs[k]"},
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(record)), METH_FASTCALL,

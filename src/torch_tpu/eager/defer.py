@@ -30,10 +30,9 @@ from .. import _C, _runtime, _storage, metrics
 from . import fuse
 from .graph import Lazy, Node
 from .opcall import Entry, device_scalar, run_eager, scan_fast
-from .strict import assemble, new_tensor
+from .strict import new_tensor
 
 _ATTR = _storage.ATTR
-_empty = _C.empty_with_storage
 # (file, line) of the first caller outside torch and torch_tpu. Only the location is kept:
 # holding the frame would keep the caller's locals (activations) alive until the flush.
 _user_line = _C.user_line

@@ -13,6 +13,9 @@ _COUNTERS = metrics.counters
 
 _ATTR = _storage.ATTR
 _empty = _C.empty_with_storage  # (shape, strides or None, dtype) -> (tensor, its storage)
+# (structure, vals, fresh) -> what the op returns: per schema return, a fresh tensor, an
+# argument it aliases (in-place ops), a list of fresh tensors, or a static value
+assemble = _C.assemble
 
 
 def new_tensor(shape, dtype, flat, rec=None):
@@ -35,24 +38,6 @@ def finish(plan, entry, vals, outs):
         t = vals[i] if j is None else vals[i][j]
         _storage.set_buffer(t.untyped_storage(), flat)
     return assemble(entry.structure, vals, fresh)
-
-
-def assemble(structure, vals, fresh):
-    if not structure:
-        return None
-    it = iter(fresh)
-    rets = []
-    for s in structure:
-        tag = s[0]
-        if tag == "fresh":
-            rets.append(next(it))
-        elif tag == "alias":
-            rets.append(vals[s[1]])
-        elif tag == "list":
-            rets.append([next(it) for _ in range(s[1])])
-        else:
-            rets.append(s[1])
-    return rets[0] if len(rets) == 1 else tuple(rets)
 
 
 class StrictExecutor:
