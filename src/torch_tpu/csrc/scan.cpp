@@ -1,5 +1,6 @@
-// The per-op hot path of the eager executors, in C: turning one op call's arguments into
-// its cache key, and finding the user's line an op was recorded at.
+// The per-op hot path of the eager executors, in C: an op call's arguments in schema
+// order (normalize) and their cache key (scan). This file's method table also registers
+// frames.cpp's user_line.
 //
 // scan(plan, vals) does what OpPlan.scan (eager/opcall.py) does for the common case, and
 // builds the same key (shapes as plain tuples, which hash and compare like torch.Size):
@@ -20,7 +21,6 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
-#include <cstring>
 #include <unordered_map>
 
 namespace torch_tpu {
