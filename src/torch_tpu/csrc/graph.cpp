@@ -9,6 +9,9 @@
 // mutates. The Python it replaces is DeferExecutor.execute's tail (eager/defer.py).
 //
 // flush_plan(nodes) numbers the nodes and wires the graph (fuse.flush's first step).
+//
+// Also here: assemble (an op's return value, for Strict too) and replace_buffers (the
+// storages a compiled program wrote).
 #include <Python.h>
 #include <structmember.h>
 
@@ -209,7 +212,7 @@ PyType_Spec lazy_spec = {"torch_tpu._C.Lazy", sizeof(LazyObject), 0,
 
 // ------------------------------------------------------------ recording
 // What the op returns, per its schema: structure entries are ("fresh",), ("alias", i),
-// ("list", n) or ("value", v) (strict.assemble is the same in Python).
+// ("list", n) or ("value", v). Strict uses it too (strict.assemble).
 PyObject* assemble(PyObject* structure, PyObject* vals, PyObject* fresh) {
   const Py_ssize_t n = PyTuple_GET_SIZE(structure);
   if (n == 0) Py_RETURN_NONE;
