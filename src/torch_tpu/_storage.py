@@ -81,11 +81,8 @@ def constant(n, dtype, value):
 
 @functools.lru_cache(maxsize=None)
 def _constant_fn(n, dtype):
-    return jax.jit(lambda v: jnp.full((n,), v, dtype), out_shardings=_on_device())
-
-
-def _on_device():
-    return jax.sharding.SingleDeviceSharding(_runtime.device())
+    on_device = jax.sharding.SingleDeviceSharding(_runtime.device())
+    return jax.jit(lambda v: jnp.full((n,), v, dtype), out_shardings=on_device)
 
 
 def set_buffer(storage, buf, n=None, dtype=None):

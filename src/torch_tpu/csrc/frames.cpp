@@ -47,19 +47,16 @@ struct PairHash {
 std::unordered_map<std::pair<PyObject*, int>, PyObject*, PairHash> g_lines;
 #endif
 
-// generated code (fx, exec) makes new code objects: bound what the caches hold
+// generated code (fx, exec) makes new code objects: bound what the caches hold (the line
+// cache goes with the code objects it is keyed by)
 void bound_caches() {
 #ifdef TPU_INTERPRETER_FRAMES
-  if (g_lines.size() > 100000) {
+  if (g_lines.size() > 100000 || g_internal.size() > 10000) {
     for (auto& kv : g_lines) Py_DECREF(kv.second);
     g_lines.clear();
   }
 #endif
   if (g_internal.size() > 10000) {
-#ifdef TPU_INTERPRETER_FRAMES
-    for (auto& kv : g_lines) Py_DECREF(kv.second);
-    g_lines.clear();
-#endif
     for (auto& kv : g_internal) Py_DECREF(kv.first);
     g_internal.clear();
   }
