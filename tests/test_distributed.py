@@ -139,7 +139,8 @@ def _check_names(world: int) -> list:
     if world == 2 or "int64" in DTYPES_4:
         names += [f"all_reduce[{op}-int64]" for op in ("BAND", "BOR", "BXOR")]
     names += ["all_reduce[view]", "all_reduce[bool-MAX]", "cpu_tensor", "objects", "barrier",
-              "all_to_all_uneven_list", "dtensor_redistribute"]
+              "all_to_all_uneven_list", "dtensor_redistribute", "groups_and_p2p_interleaved",
+              "recv_wrong_size"]
     return names
 
 

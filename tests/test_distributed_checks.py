@@ -320,4 +320,48 @@ def run_checks(rank: int, world: int) -> dict:
         total = (d * 2).sum()
         _eq(torch, total.full_tensor(), (full * 2).sum(), "sum")
     check("dtensor_redistribute", dtensor_redistribute)
+
+    def groups_and_p2p_interleaved():
+        # The world group, another group over the same processes and point-to-point
+        # traffic, interleaved: XLA:CPU shares one gloo communicator between programs over
+        # the same processes, so they must run in one order on every rank (this used to
+        # pair the wrong messages within a few hundred iterations).
+        same = dist.new_group(list(range(world)))
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        for i in range(60):
+            a = torch.full((12,), float(rank + i), device=tpu)
+            dist.all_reduce(a)
+            outs = [torch.empty(4, device=tpu) for _ in range(world)]
+            dist.all_gather(outs, torch.full((4,), float(rank), device=tpu), group=same)
+            b = torch.ones(16, device=tpu)
+            dist.all_reduce(b, group=same)
+            got = torch.empty(12, device=tpu)
+            dist.send(a + rank, dst=nxt)  # every rank sends first: sends never block
+            dist.recv(got, src=prv)
+            if i % 20 == 0 or i == 59:
+                total = float(sum(range(world)) + world * i)
+                _eq(torch, a, torch.full((12,), total), f"world all_reduce, step {i}")
+                for r in range(world):
+                    _eq(torch, outs[r], torch.full((4,), float(r)), f"all_gather, step {i}")
+                _eq(torch, b, torch.full((16,), float(world)), f"group all_reduce, step {i}")
+                _eq(torch, got, torch.full((12,), total + prv), f"recv, step {i}")
+    check("groups_and_p2p_interleaved", groups_and_p2p_interleaved)
+
+    def recv_wrong_size():
+        # a receive that does not match its send is a clear error, and the pair still
+        # works afterwards
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        dist.send(torch.arange(4.0, device=tpu), dst=nxt)
+        try:
+            dist.recv(torch.empty(6, device=tpu), src=prv)
+        except ValueError as e:
+            assert "expected 6 element(s) of torch.float32" in str(e), e
+            assert "sent 4 element(s) of torch.float32" in str(e), e
+        else:
+            raise AssertionError("a recv of the wrong size did not raise")
+        dist.send(torch.arange(3, device=tpu), dst=nxt, tag=7)
+        got = torch.empty(3, dtype=torch.int64, device=tpu)
+        dist.recv(got, src=prv, tag=7)
+        _eq(torch, got, torch.arange(3), "after the error")
+    check("recv_wrong_size", recv_wrong_size)
     return results

@@ -10,7 +10,8 @@ it is the default for the tpu device):
 `init_process_group` rendezvouses through torch's store (env://, tcp://, file://, or
 torchrun's), then starts JAX's distributed runtime with rank 0 as its coordinator (rank 0
 picks a free port and publishes `host:port` in the store). Collectives are XLA collectives
-across the processes (gloo on CPU, ICI on TPU), issued asynchronously.
+across the processes (gloo on CPU, ICI on TPU), issued asynchronously; send and recv go
+through host memory over a gloo connection per pair of ranks.
 
 Several hosts: run torchrun on each host with the same `--nnodes`, `--master-addr` (a host
 every node can reach) and `--master-port`, e.g.
@@ -72,7 +73,8 @@ def _create(opts, backend_options=None) -> ProcessGroupTPU:
                               ranks[opts.group_rank], world, timeout)
     if not ranks:
         ranks = list(range(size))
-    return ProcessGroupTPU(opts.group_rank, size, ranks, timeout, str(opts.group_id or ""))
+    return ProcessGroupTPU(opts.group_rank, size, ranks, timeout, str(opts.group_id or ""),
+                           opts.store)
 
 
 def register() -> None:

@@ -30,7 +30,7 @@ import threading
 import time
 
 _state = {"rank": None, "world": None, "coordinator": None, "timeout_s": None,
-          "crashed": False, "hooks": False}
+          "host": None, "crashed": False, "hooks": False}
 _lock = threading.RLock()
 _KEY = "tpu_dist/jax_coordinator"
 _crash_hooks: list = []  # called with the uncaught exception before a crashed process exits
@@ -50,6 +50,11 @@ def rank() -> int:
 
 def world_size() -> int:
     return _state["world"]
+
+
+def host() -> str:
+    """The address this process's peers reach it at (its gloo connections listen there)."""
+    return _state["host"] or "127.0.0.1"
 
 
 def timeout_s() -> float:
@@ -166,9 +171,10 @@ def _start(addr: str, rank_: int, world: int, timeout: float) -> None:
 
     host, port = addr.rsplit(":", 1)
     loopback = _is_loopback(host)
+    own = os.environ.get("TORCH_TPU_DIST_HOSTNAME") or (
+        "127.0.0.1" if loopback else _own_address(host))
     if jax.config.jax_platforms in (None, "", "cpu") or loopback:
-        _use_gloo_on(os.environ.get("TORCH_TPU_DIST_HOSTNAME") or
-                     ("127.0.0.1" if loopback else _own_address(host)))
+        _use_gloo_on(own)
     # Heartbeats detect a dead process that is not in a collective; a process in a
     # collective sees the closed connection at once.
     heartbeat = _env_int("TORCH_TPU_DIST_HEARTBEAT_S", int(min(max(timeout, 10), 60)))
@@ -182,7 +188,7 @@ def _start(addr: str, rank_: int, world: int, timeout: float) -> None:
         heartbeat_timeout_seconds=heartbeat,
         shutdown_timeout_seconds=max(int(timeout), 1),
         coordinator_bind_address=f"{host}:{port}" if loopback else None)
-    _state.update(rank=rank_, world=world, coordinator=addr, timeout_s=timeout)
+    _state.update(rank=rank_, world=world, coordinator=addr, timeout_s=timeout, host=own)
     _install_exit_hooks()
 
 

@@ -5,9 +5,13 @@ Every program
   - runs over the group's 1-D mesh (axis "g"): one device per process, in group-rank
     order; every input is a flat 1-D block per process (a storage buffer as it is, no
     reshape), and so is every output;
-  - takes and returns a token. A group's programs run in the order they were issued:
-    XLA:CPU runs independent executions concurrently, and two collectives issued in
-    different orders on two processes would deadlock or mix their data;
+  - takes and returns a token, chained over every program on the same set of processes,
+    whatever group issued it: they run one at a time, in the order they were issued.
+    XLA:CPU keeps one gloo communicator per set of devices, and its collectives carry no
+    tags, so two programs over the same processes that overlap, or run in different
+    orders on two processes, would pair the wrong messages (a gloo abort or mixed data).
+    Every member of a group issues its collectives in the same order (as with NCCL), so
+    one chain per process set gives every process the same order;
   - first all-gathers a small signature of the call (collective, reduce op, root, element
     counts, dtypes) and runs the collective only when every member agrees. Otherwise every
     member skips it and returns a negative token plus the signatures, from which the
@@ -42,7 +46,7 @@ assert (SUM, PREMUL_SUM) == (A.SUM, A.PREMUL_SUM)
 OP_NAMES = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
 
 KINDS = ["barrier", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-         "all_to_all", "scatter", "gather", "send/recv", "all_to_all(uneven)", "max"]
+         "all_to_all", "scatter", "gather", "all_to_all(uneven)", "max"]
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 _DTYPES = sorted({str(d) for d in _runtime.TORCH_TO_JAX.values()})
 _DTYPE_CODE = {d: i + 1 for i, d in enumerate(_DTYPES)}
@@ -70,8 +74,22 @@ def _process_devices() -> dict:
     return out
 
 
+class _Chain:
+    """The order of the programs over one set of processes: the last one's token (this
+    process's block), which the next one takes as input."""
+
+    __slots__ = ("token",)
+
+    def __init__(self):
+        self.token = None
+
+
+_CHAINS: dict = {}
+
+
 class GroupMesh:
-    """A 1-D mesh over some processes' devices, with its token chain."""
+    """A 1-D mesh over some processes' devices, in group-rank order, and the token chain
+    of its process set (shared with every other group over the same processes)."""
 
     def __init__(self, ranks, name: str):
         self.ranks = tuple(ranks)
@@ -81,7 +99,8 @@ class GroupMesh:
         self.mesh = Mesh(np.array(devices, dtype=object), (AXIS,))
         self.sharding = NamedSharding(self.mesh, P(AXIS))
         self.key = (self.ranks, _runtime.device().platform)
-        self.token = None  # the last program's output token (a global array)
+        self.chain = _CHAINS.setdefault((tuple(sorted(self.ranks)), self.key[1]), _Chain())
+        self.token = None  # this group's last program's output token (a global array)
         self.rows = None   # and the signatures it gathered
         self.failure = None  # the first failure reported on this group
         self.programs: dict = {}
@@ -91,10 +110,9 @@ class GroupMesh:
         return _global(self.sharding, self.size, local)
 
     def next_token(self):
-        if self.token is None:
-            tok = jax.device_put(np.zeros((1,), np.int32), _runtime.device())
-            self.token = self.glob(tok)
-        return self.token
+        if self.chain.token is None:
+            self.chain.token = jax.device_put(np.zeros((1,), np.int32), _runtime.device())
+        return self.glob(self.chain.token)
 
 
 def _global(sharding, size, local):
@@ -200,9 +218,6 @@ def _body(kind: str, op: int, root: int, size: int, ins, outs, extra):
         return lambda *xs: tuple(lax.all_to_all(x, AXIS, 0, 0, tiled=True) for x in xs)
     if kind == "all_to_all(uneven)":
         return _uneven_all_to_all(size, extra)
-    if kind == "send/recv":
-        src = root
-        return lambda *xs: tuple(lax.ppermute(x, AXIS, [(src, 1 - src)]) for x in xs)
     raise ValueError(kind)
 
 
@@ -289,6 +304,7 @@ def run(gm: GroupMesh, prog: Program, blocks) -> list:
     except Exception as e:  # noqa: BLE001
         raise translate(e) from None
     gm.token = res[0]
+    gm.chain.token = local(res[0])
     gm.rows = res[1]
     return [local(a) for a in res[2:]]
 

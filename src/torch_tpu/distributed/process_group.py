@@ -6,7 +6,9 @@ and C++ callers (DDP's reducer, some functional collectives) reach them through 
 Python trampoline. Each collective becomes one XLA program over the group's mesh
 (`collectives.py`), issued asynchronously: the result tensors hold XLA futures, so a
 collective never blocks the host, like a collective on a CUDA stream. Works complete at
-once from the host's view; `barrier()` is the one call that waits.
+once from the host's view; `barrier()` is the one call that waits. Point-to-point calls
+go over a connection per pair of ranks instead (`_p2p.py`): a send is queued, a receive
+waits for its data.
 """
 from __future__ import annotations
 
@@ -43,41 +45,14 @@ def _check_p2p(tensors, what):
         raise ValueError(f"tpu_dist {what} takes exactly one tensor, got {len(tensors)}")
 
 
-class _Channel:
-    """One direction of point-to-point traffic between two ranks."""
-
-    def __init__(self, mesh: C.GroupMesh):
-        self.mesh = mesh
-        self.pool = None
-        self.error = None
-
-    def submit(self, fn) -> None:
-        self.raise_pending()
-        if self.pool is None:
-            import concurrent.futures
-
-            self.pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix=f"tpu_dist-{self.mesh.name}")
-        self.pool.submit(self._run, fn)
-
-    def _run(self, fn) -> None:
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001  (surfaces at the channel's next use)
-            self.error = e
-
-    def raise_pending(self) -> None:
-        if self.error is not None:
-            e, self.error = self.error, None
-            raise e
-
-
 class ProcessGroupTPU(dist.ProcessGroup):
     """One process per device; collectives are XLA collectives across processes."""
 
-    def __init__(self, rank: int, size: int, ranks, timeout_s: float, name: str = ""):
+    def __init__(self, rank: int, size: int, ranks, timeout_s: float, name: str = "",
+                 store=None):
         super().__init__(rank, size)
         self._ranks = list(ranks)
+        self._store = store
         self._timeout_s = float(timeout_s)
         self._group_name = name
         self._group_desc = ""
@@ -312,20 +287,20 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _work(output_tensors)
 
     # ------------------------------------------------------------ point to point
-    # Each direction between two ranks is its own channel, as gloo's tagged send/recv
-    # are: A's k-th send to B meets B's k-th recv from A, whatever else either side does
-    # meanwhile. A channel is a 2-device mesh ordered (src, dst), so the two directions
-    # get separate XLA communicators and token chains. Sends are issued from a thread per
-    # channel: XLA:CPU runs a program whose inputs are ready inline, in the calling thread,
-    # so a send issued from the main thread could block it before it issues the receive
-    # its peer is waiting for (an exchange where both sides send first).
-    def _channel(self, src: int, dst: int) -> _Channel:
-        key = (self._ranks[src], self._ranks[dst])
-        ch = self._p2p.get(key)
-        if ch is None:
-            ch = self._p2p[key] = _Channel(
-                C.GroupMesh(key, f"{self._group_name}:p2p{key[0]}->{key[1]}"))
-        return ch
+    # Through a connection per pair of ranks, outside XLA's collectives (see _p2p.py).
+    def _link(self, peer: int):
+        self._check_peer(peer)
+        link = self._p2p.get(peer)
+        if link is None:
+            from ._p2p import Link
+
+            if self._store is None:
+                raise RuntimeError("tpu_dist: this group was made without a store, so it "
+                                   "cannot connect pairs of ranks for send/recv")
+            link = self._p2p[peer] = Link(self._store, self._ranks[self.rank()],
+                                          self._ranks[peer], self._timeout_s,
+                                          f"{self._group_name}:{self.rank()}-{peer}")
+        return link
 
     def _check_peer(self, peer: int) -> None:
         if peer == self.rank():
@@ -335,28 +310,16 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def send(self, tensors, dst, tag=0):
         _check_p2p(tensors, "send")
-        self._check_peer(dst)
-        t = tensors[0]
-        if t.numel():
-            ch = self._channel(self.rank(), dst)
-            buf, _ = _io.flat_in(t)
-            ins = ((t.numel(), _io.dtype_name(t)),)
-            ch.submit(lambda: self._issue(ch.mesh, "send/recv", [buf], ins, ins, root=0))
+        link = self._link(dst)
+        if tensors[0].numel():
+            link.send(tensors[0], tag)
         return _work(tensors)
 
     def recv(self, tensors, src, tag=0):
         _check_p2p(tensors, "recv")
-        self._check_peer(src)
-        t = tensors[0]
-        if t.numel():
-            ch = self._channel(src, self.rank())
-            ch.raise_pending()
-            buf, ok = _io.flat_in(t)
-            ins = ((t.numel(), _io.dtype_name(t)),)
-            # the receiver's old buffer becomes the received data's memory
-            (flat,) = self._issue(ch.mesh, "send/recv", [buf], ins, ins, root=0,
-                                  donate=(0,) if ok else ())
-            _io.flat_out(t, flat)
+        link = self._link(src)
+        if tensors[0].numel():
+            link.recv(tensors[0], tag)
         return _work(tensors)
 
     def recv_anysource(self, tensors, tag=0):
@@ -384,7 +347,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _work(None)
 
     def shutdown(self):
-        pass
+        for link in self._p2p.values():
+            link.close()
 
     def abort(self):
         pass
