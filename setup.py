@@ -13,7 +13,7 @@ setup(
         CppExtension(
             "torch_tpu._C",
             ["src/torch_tpu/csrc/tpu_ext.cpp", "src/torch_tpu/csrc/scan.cpp",
-             "src/torch_tpu/csrc/graph.cpp",
+             "src/torch_tpu/csrc/graph.cpp", "src/torch_tpu/csrc/kernel.cpp",
              "src/torch_tpu/csrc/frames.cpp"],
             extra_compile_args=["-O2", "-std=c++17"],
         )

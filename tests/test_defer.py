@@ -67,9 +67,10 @@ def test_mode_change_flushes_and_values_survive():
 
 
 def test_graph_size_cap(monkeypatch):
-    from torch_tpu.eager import defer
+    from torch_tpu.eager import modes
 
-    monkeypatch.setattr(defer, "MAX_NODES", 50)
+    loop = modes._executor_for(DEFER).loop
+    monkeypatch.setattr(loop, "max_nodes", 50)
     with torch_tpu.eager_mode(DEFER):
         before = _flushes()
         x = torch.zeros(4, device="tpu")

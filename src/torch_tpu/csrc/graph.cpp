@@ -518,6 +518,12 @@ PyMethodDef g_methods[] = {
 
 }  // namespace
 
+// record, for OpKernel (kernel.cpp)
+PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns, PyObject* vals) {
+  PyObject* args[] = {nodes, entry, bufs, dyns, vals};
+  return record(nullptr, args, 5);
+}
+
 void add_graph_functions(PyObject* module) {
   g_node_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&node_spec));
   g_lazy_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&lazy_spec));

@@ -27,6 +27,9 @@ namespace torch_tpu {
 
 PyObject* g_record_attr = nullptr;  // the storage attribute holding (buffer, length, dtype)
 
+PyObject* normalize_values(PyObject* plan, PyObject* args, PyObject* kwargs);
+PyObject* scan_values(PyObject* plan, PyObject* vals);
+
 namespace {
 
 // argument kinds, as in eager/opcall.py
@@ -215,17 +218,38 @@ bool shares_storage(PyObject* recs) {
 // normalize(plan, args, kwargs) -> vals: one value per schema argument, in schema order,
 // defaults filled in (what the executors take). cspec[3:] = (npos, names, defaults).
 PyObject* normalize(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || !PyTuple_Check(args[1]) || (args[2] != Py_None && !PyDict_Check(args[2]))) {
+  if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "normalize(plan, args: tuple, kwargs: dict)");
     return nullptr;
   }
-  PyObject* spec = PyObject_GetAttr(args[0], g_cspec);
+  return normalize_values(args[0], args[1], args[2]);
+}
+
+// scan(plan, vals) -> (key, bufs, dyns), or None for Python's scan.
+PyObject* scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "scan(plan, vals: list)");
+    return nullptr;
+  }
+  return scan_values(args[0], args[1]);
+}
+
+}  // namespace
+
+// normalize and scan, for OpKernel (kernel.cpp) too
+PyObject* normalize_values(PyObject* plan, PyObject* args, PyObject* kwargs) {
+  if (!PyTuple_Check(args) || (kwargs != nullptr && kwargs != Py_None && !PyDict_Check(kwargs))) {
+    PyErr_SetString(PyExc_TypeError, "normalize(plan, args: tuple, kwargs: dict)");
+    return nullptr;
+  }
+  if (kwargs == nullptr) kwargs = Py_None;
+  PyObject* spec = PyObject_GetAttr(plan, g_cspec);
   if (spec == nullptr) return nullptr;
   const Py_ssize_t npos = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 3));
   PyObject* names = PyTuple_GET_ITEM(spec, 4);
   PyObject* defaults = PyTuple_GET_ITEM(spec, 5);
   const Py_ssize_t total = PyTuple_GET_SIZE(names);
-  const Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
+  const Py_ssize_t n = PyTuple_GET_SIZE(args);
   PyObject* vals = PyList_New(std::max(n, npos) + (total - npos));
   if (vals == nullptr) {
     Py_DECREF(spec);
@@ -233,7 +257,7 @@ PyObject* normalize(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   Py_ssize_t k = 0;
   for (; k < n; ++k) {
-    PyObject* v = PyTuple_GET_ITEM(args[1], k);
+    PyObject* v = PyTuple_GET_ITEM(args, k);
     Py_INCREF(v);
     PyList_SET_ITEM(vals, k, v);
   }
@@ -243,7 +267,7 @@ PyObject* normalize(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyList_SET_ITEM(vals, k, v);
   }
   for (Py_ssize_t i = npos; i < total; ++i, ++k) {  // keyword-only arguments
-    PyObject* v = args[2] == Py_None ? nullptr : PyDict_GetItemWithError(args[2], PyTuple_GET_ITEM(names, i));
+    PyObject* v = kwargs == Py_None ? nullptr : PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(names, i));
     if (v == nullptr) {
       if (PyErr_Occurred()) {
         Py_DECREF(vals);
@@ -259,14 +283,11 @@ PyObject* normalize(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return vals;
 }
 
-// scan(plan, vals) -> (key, bufs, dyns), or None for Python's scan.
-PyObject* scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyList_Check(args[1])) {
+PyObject* scan_values(PyObject* plan, PyObject* vals) {
+  if (!PyList_Check(vals)) {
     PyErr_SetString(PyExc_TypeError, "scan(plan, vals: list)");
     return nullptr;
   }
-  PyObject* plan = args[0];
-  PyObject* vals = args[1];
   PyObject* spec = PyObject_GetAttr(plan, g_cspec);
   if (spec == nullptr) return nullptr;
   PyObject* kinds = PyTuple_GET_ITEM(spec, 0);
@@ -338,6 +359,8 @@ done:
   if (bail) Py_RETURN_NONE;
   return result;
 }
+
+namespace {
 
 // setup(attr, scalars): the storage attribute's name and opcall's device-scalar cache.
 PyObject* setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {

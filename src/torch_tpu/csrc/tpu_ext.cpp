@@ -473,6 +473,7 @@ PyMethodDef g_tensor_methods[] = {
 
 void add_scan_functions(PyObject* module);   // scan.cpp: the executors' per-op key scan
 void add_graph_functions(PyObject* module);  // graph.cpp: DeferAndFuse's Node, Lazy, record
+void add_kernel_functions(PyObject* module);  // kernel.cpp: OpKernel, LoopDetector
 
 }  // namespace torch_tpu
 
@@ -480,6 +481,7 @@ void add_graph_functions(PyObject* module);  // graph.cpp: DeferAndFuse's Node, 
 PYBIND11_MODULE(_C, m) {
   torch_tpu::add_scan_functions(m.ptr());
   torch_tpu::add_graph_functions(m.ptr());
+  torch_tpu::add_kernel_functions(m.ptr());
   if (PyModule_AddFunctions(m.ptr(), torch_tpu::g_tensor_methods) < 0) throw py::error_already_set();
   m.def("memory_allocated", []() { return torch_tpu::g_allocated.load(); });
   m.def("max_memory_allocated", []() { return torch_tpu::g_peak.load(); });

@@ -53,7 +53,7 @@ class DeferExecutor:
         self.nodes = []
         self.paused_gc = False
         self.in_backward = 0  # backward passes running (modes.backward_pass)
-        self._reset_loop()
+        self.loop = _C.LoopDetector(MIN_PERIOD, MAX_NODES)
 
     def _graph_starts(self):
         """A graph's first node: pause the cyclic GC (see the top)."""
@@ -61,14 +61,10 @@ class DeferExecutor:
             gc.disable()
             self.paused_gc = True
 
-    def _reset_loop(self):
-        self.hist = []
-        self.last = {}
-        self.period = 0
-        self.run = 0
-
     # ------------------------------------------------------------ recording
     def execute(self, plan, vals):
+        # The ops' kernels (csrc/kernel.cpp) do this in C when the entry is cached and
+        # scan_fast covers the call, and come here for everything else.
         key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
         entry = plan.cache.get(key)
         if entry is None:
@@ -113,27 +109,16 @@ class DeferExecutor:
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
     def _after_record(self, h):
-        hist = self.hist
-        i = len(hist)
-        hist.append(h)
-        p = self.period
-        if p and hist[i - p] == h:
-            self.run += 1
-            # two full repetitions must make up (nearly) all that was recorded since the
-            # last flush: repeated layers inside one step are not the loop, nor is
-            # anything inside a backward pass (it starts with a flush, and then its
-            # layers' gradients repeat)
-            if self.run >= p and p >= MIN_PERIOD and 20 * p >= 9 * (i + 1) \
-                    and not self.in_backward:
-                metrics.count("loops_detected")
-                self.flush("loop")
-                return
+        verdict = self.loop.push(h, self.in_backward)
+        if verdict:
+            self._loop_flush(verdict)
+
+    def _loop_flush(self, verdict):
+        """The loop detector's verdict: 1, a loop iteration ended; 2, the size cap."""
+        if verdict == 1:
+            metrics.count("loops_detected")
+            self.flush("loop")
         else:
-            prev = self.last.get(h)
-            self.period = i - prev if prev is not None else 0
-            self.run = 1 if prev is not None else 0
-        self.last[h] = i
-        if i + 1 >= MAX_NODES:
             self.flush("size_cap")
 
     # ------------------------------------------------------------ flushing
@@ -142,7 +127,7 @@ class DeferExecutor:
         if not nodes:
             return
         self.nodes = []
-        self._reset_loop()
+        self.loop.reset()
         metrics.count(f"flush.{reason}")
         try:
             fuse.flush(nodes)

@@ -13,6 +13,7 @@ import enum
 import os
 import threading
 
+from .. import _C, metrics
 from .strict import StrictExecutor
 
 
@@ -28,8 +29,10 @@ def _make_executors():
     from .debug import DebugExecutor
     from .defer import DeferExecutor
 
+    defer = DeferExecutor()
+    _C.kernel_setup(executor, defer, metrics.counters, "dispatches.defer_and_fuse")
     return {EagerMode.STRICT: StrictExecutor(), EagerMode.DEBUG: DebugExecutor(),
-            EagerMode.DEFER_AND_FUSE: DeferExecutor()}
+            EagerMode.DEFER_AND_FUSE: defer}
 
 
 _EXECUTORS = {EagerMode.STRICT: StrictExecutor()}
@@ -65,6 +68,10 @@ def executor():
             return _open_contexts[-1][1]
         return _global["executor"]
     return ex
+
+
+_C.kernel_setup(executor, None, metrics.counters, "dispatches.defer_and_fuse")
+_C.set_executor(_global["executor"])
 
 
 def _executor_for(mode: EagerMode):
@@ -115,12 +122,14 @@ def _switch_flush() -> None:
             ex.flush("mode_change")
 
 
-def _account_allocations() -> None:
-    """Storages made while any DeferAndFuse executor is active start without a buffer."""
-    from .. import _C
-
+def _publish() -> None:
+    """Tell the C side what changed: storages made while any DeferAndFuse executor is
+    active start without a buffer; the op kernels (csrc/kernel.cpp) use the global
+    executor directly while no `eager_mode` block is open on any thread, else ask
+    `executor()`."""
     lazy = _global["executor"].deferred or any(ex.deferred for _, ex in _open_contexts)
     _C.set_lazy_allocations(lazy)
+    _C.set_executor(None if _open_contexts else _global["executor"])
 
 
 def get_eager_mode() -> EagerMode:
@@ -137,7 +146,7 @@ def set_eager_mode(mode) -> None:
     _switch_flush()
     _global["mode"] = mode
     _global["executor"] = _executor_for(mode)
-    _account_allocations()
+    _publish()
 
 
 @contextlib.contextmanager
@@ -149,13 +158,13 @@ def eager_mode(mode):
     _tls.executor = _executor_for(mode)
     token = (mode, _tls.executor)
     _open_contexts.append(token)
-    _account_allocations()
+    _publish()
     try:
         yield
     finally:
         _switch_flush()
         _open_contexts.remove(token)
-        _account_allocations()
+        _publish()
         _tls.stack.pop()
         _tls.executor = _executor_for(_tls.stack[-1]) if _tls.stack else None
 

@@ -1,0 +1,368 @@
+// The PrivateUse1 kernel of a lowered op, as a C callable (OpKernel), and DeferAndFuse's
+// loop detector (LoopDetector).
+//
+// torch calls a kernel with the op's Python arguments. In DeferAndFuse, when the op's
+// entry is cached, OpKernel records the op with no Python frame at all: normalize, scan,
+// the cache lookup, record and loop detection, the work of DeferExecutor.execute
+// (eager/defer.py). Everything else goes through the current executor's Python
+// `execute(plan, vals)`, the reference path: the other modes, a cache miss, what scan
+// leaves to Python, ops run at once (data-dependent shapes), and every flush.
+//
+// The current executor: `set_executor(ex)` names it while one executor serves every
+// thread (modes.py calls it whenever that changes); with None, the kernel asks
+// modes.executor() each call (an `eager_mode` block is open on some thread).
+#include <Python.h>
+#include <structmember.h>
+
+#include <stdexcept>
+#include <unordered_map>
+#include <vector>
+
+namespace torch_tpu {
+
+PyObject* normalize_values(PyObject* plan, PyObject* args, PyObject* kwargs);  // scan.cpp
+PyObject* scan_values(PyObject* plan, PyObject* vals);                         // scan.cpp
+PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns,
+                    PyObject* vals);                                           // graph.cpp
+
+namespace {
+
+// ------------------------------------------------------------ LoopDetector
+// The entry ids recorded since the last flush; push(h) reports when the newest 2P ids are
+// one block of P ids repeated and make up (nearly) all that was recorded, or the graph
+// reached its size cap. See eager/defer.py.
+struct LoopObject {
+  PyObject_HEAD
+  std::vector<uintptr_t>* hist;
+  std::unordered_map<uintptr_t, Py_ssize_t>* last;
+  Py_ssize_t period, run, min_period, max_nodes;
+};
+
+enum Verdict { NONE = 0, LOOP = 1, SIZE_CAP = 2 };
+
+Verdict loop_push(LoopObject* self, uintptr_t h, bool in_backward) {
+  auto& hist = *self->hist;
+  const Py_ssize_t i = static_cast<Py_ssize_t>(hist.size());
+  hist.push_back(h);
+  const Py_ssize_t p = self->period;
+  if (p && hist[i - p] == h) {
+    self->run += 1;
+    // inside a backward pass its layers' gradients repeat: not the loop
+    if (self->run >= p && p >= self->min_period && 20 * p >= 9 * (i + 1) && !in_backward)
+      return LOOP;
+  } else {
+    auto it = self->last->find(h);
+    self->period = it != self->last->end() ? i - it->second : 0;
+    self->run = it != self->last->end() ? 1 : 0;
+  }
+  (*self->last)[h] = i;
+  return i + 1 >= self->max_nodes ? SIZE_CAP : NONE;
+}
+
+void loop_reset(LoopObject* self) {
+  self->hist->clear();
+  self->last->clear();
+  self->period = self->run = 0;
+}
+
+PyObject* loop_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  Py_ssize_t min_period, max_nodes;
+  static const char* kw[] = {"min_period", "max_nodes", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nn", const_cast<char**>(kw), &min_period,
+                                   &max_nodes))
+    return nullptr;
+  auto* self = reinterpret_cast<LoopObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->hist = new std::vector<uintptr_t>();
+  self->last = new std::unordered_map<uintptr_t, Py_ssize_t>();
+  self->period = self->run = 0;
+  self->min_period = min_period;
+  self->max_nodes = max_nodes;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void loop_dealloc(PyObject* o) {
+  auto* self = reinterpret_cast<LoopObject*>(o);
+  delete self->hist;
+  delete self->last;
+  PyTypeObject* type = Py_TYPE(o);
+  type->tp_free(o);
+  Py_DECREF(type);
+}
+
+PyObject* loop_push_py(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "push(h: int, in_backward: bool)");
+    return nullptr;
+  }
+  const uintptr_t h = static_cast<uintptr_t>(PyLong_AsSize_t(args[0]));
+  if (PyErr_Occurred()) return nullptr;
+  const int in_backward = PyObject_IsTrue(args[1]);
+  if (in_backward < 0) return nullptr;
+  return PyLong_FromLong(loop_push(reinterpret_cast<LoopObject*>(o), h, in_backward));
+}
+
+PyObject* loop_reset_py(PyObject* o, PyObject*) {
+  loop_reset(reinterpret_cast<LoopObject*>(o));
+  Py_RETURN_NONE;
+}
+
+PyObject* loop_len(PyObject* o, void*) {
+  return PyLong_FromSsize_t(static_cast<Py_ssize_t>(reinterpret_cast<LoopObject*>(o)->hist->size()));
+}
+
+PyMethodDef loop_methods[] = {
+    {"push", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(loop_push_py)), METH_FASTCALL,
+     "push(entry id, in_backward) -> 0, or 1 (a loop iteration ended: flush), or 2 (size cap)"},
+    {"reset", loop_reset_py, METH_NOARGS, "forget what was recorded (after a flush)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef loop_getset[] = {
+    {"recorded", loop_len, nullptr, "ids pushed since the last reset", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyMemberDef loop_members[] = {
+    {"max_nodes", T_PYSSIZET, offsetof(LoopObject, max_nodes), 0, "the graph-size cap"},
+    {"min_period", T_PYSSIZET, offsetof(LoopObject, min_period), 0, "the shortest loop body"},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot loop_slots[] = {
+    {Py_tp_members, loop_members},
+    {Py_tp_new, reinterpret_cast<void*>(loop_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(loop_dealloc)},
+    {Py_tp_methods, loop_methods},
+    {Py_tp_getset, loop_getset},
+    {Py_tp_doc, const_cast<char*>("LoopDetector(min_period, max_nodes): DeferAndFuse's loop detection")},
+    {0, nullptr}};
+
+PyType_Spec loop_spec = {"torch_tpu._C.LoopDetector", sizeof(LoopObject), 0, Py_TPFLAGS_DEFAULT,
+                         loop_slots};
+
+PyTypeObject* g_loop_type = nullptr;
+
+// ------------------------------------------------------------ OpKernel
+struct KernelObject {
+  PyObject_HEAD
+  PyObject* plan;
+  PyObject* cache;  // plan.cache: key -> Entry
+};
+
+PyObject* g_current = nullptr;      // the executor of every thread, or null: ask g_executor_fn
+PyObject* g_executor_fn = nullptr;  // modes.executor
+PyObject* g_defer = nullptr;        // the DeferExecutor
+PyObject* g_counters = nullptr;     // metrics.counters
+PyObject* g_dispatch_counter = nullptr;  // its key there
+// attribute names: of the executor, and Entry.fn
+PyObject* g_str[7];
+enum { S_EXECUTE, S_NODES, S_IN_BACKWARD, S_LOOP, S_GRAPH_STARTS, S_LOOP_FLUSH, S_FN };
+
+PyObject* execute_in_python(PyObject* ex, PyObject* plan, PyObject* vals) {
+  return PyObject_CallMethodObjArgs(ex, g_str[S_EXECUTE], plan, vals, nullptr);
+}
+
+bool count_dispatch() {
+  static PyObject* one = PyLong_FromLong(1);
+  PyObject* n = PyDict_GetItemWithError(g_counters, g_dispatch_counter);  // borrowed
+  if (n == nullptr && PyErr_Occurred()) return false;
+  PyObject* m = n == nullptr ? (Py_INCREF(one), one) : PyNumber_Add(n, one);
+  if (m == nullptr) return false;
+  const int rc = PyDict_SetItem(g_counters, g_dispatch_counter, m);
+  Py_DECREF(m);
+  return rc == 0;
+}
+
+// The recording fast path; returns the op's result, or NOT_HERE for Python's execute.
+PyObject* const NOT_HERE = reinterpret_cast<PyObject*>(1);
+
+PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
+  PyObject* scanned = scan_values(k->plan, vals);
+  if (scanned == nullptr) return nullptr;
+  if (scanned == Py_None) {
+    Py_DECREF(scanned);
+    return NOT_HERE;
+  }
+  PyObject* entry = PyDict_GetItemWithError(k->cache, PyTuple_GET_ITEM(scanned, 0));  // borrowed
+  if (entry == nullptr) {
+    Py_DECREF(scanned);
+    return PyErr_Occurred() ? nullptr : NOT_HERE;  // a miss: execute compiles the entry
+  }
+  Py_INCREF(entry);
+  PyObject* result = nullptr;
+  PyObject* nodes = nullptr;
+  PyObject* fn = PyObject_GetAttr(entry, g_str[S_FN]);
+  if (fn == nullptr) goto done;
+  if (fn == Py_None) {  // run at once (data-dependent shapes): execute flushes first
+    result = NOT_HERE;
+    goto done;
+  }
+  nodes = PyObject_GetAttr(ex, g_str[S_NODES]);
+  if (nodes == nullptr) goto done;
+  if (!PyList_Check(nodes)) {
+    PyErr_SetString(PyExc_TypeError, "DeferExecutor.nodes must be a list");
+    goto done;
+  }
+  if (PyList_GET_SIZE(nodes) == 0) {
+    PyObject* r = PyObject_CallMethodNoArgs(ex, g_str[S_GRAPH_STARTS]);
+    if (r == nullptr) goto done;
+    Py_DECREF(r);
+  }
+  if (!count_dispatch()) goto done;
+  result = record_op(nodes, entry, PyTuple_GET_ITEM(scanned, 1), PyTuple_GET_ITEM(scanned, 2), vals);
+  if (result != nullptr) {
+    PyObject* loop = PyObject_GetAttr(ex, g_str[S_LOOP]);
+    PyObject* in_bw = loop == nullptr ? nullptr : PyObject_GetAttr(ex, g_str[S_IN_BACKWARD]);
+    int verdict = -1;
+    if (in_bw != nullptr && Py_TYPE(loop) == g_loop_type) {
+      const int busy = PyObject_IsTrue(in_bw);
+      if (busy >= 0)
+        verdict = loop_push(reinterpret_cast<LoopObject*>(loop), reinterpret_cast<uintptr_t>(entry), busy);
+    } else if (in_bw != nullptr) {
+      PyErr_SetString(PyExc_TypeError, "DeferExecutor.loop must be a LoopDetector");
+    }
+    Py_XDECREF(loop);
+    Py_XDECREF(in_bw);
+    if (verdict > 0) {
+      PyObject* code = PyLong_FromLong(verdict);
+      PyObject* r = code == nullptr ? nullptr
+                                    : PyObject_CallMethodOneArg(ex, g_str[S_LOOP_FLUSH], code);
+      Py_XDECREF(code);
+      if (r == nullptr) verdict = -1;
+      Py_XDECREF(r);
+    }
+    if (verdict < 0) Py_CLEAR(result);
+  }
+done:
+  Py_XDECREF(fn);
+  Py_XDECREF(nodes);
+  Py_DECREF(entry);
+  Py_DECREF(scanned);
+  return result;
+}
+
+PyObject* kernel_call(PyObject* o, PyObject* args, PyObject* kwargs) {
+  auto* k = reinterpret_cast<KernelObject*>(o);
+  if (g_executor_fn == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "OpKernel: kernel_setup was not called");
+    return nullptr;
+  }
+  PyObject* ex = g_current;
+  if (ex != nullptr) {
+    Py_INCREF(ex);
+  } else {
+    ex = PyObject_CallNoArgs(g_executor_fn);
+    if (ex == nullptr) return nullptr;
+  }
+  PyObject* vals = normalize_values(k->plan, args, kwargs);
+  PyObject* result = nullptr;
+  if (vals != nullptr) {
+    result = ex == g_defer ? record_deferred(k, ex, vals) : NOT_HERE;
+    if (result == NOT_HERE) result = execute_in_python(ex, k->plan, vals);
+    Py_DECREF(vals);
+  }
+  Py_DECREF(ex);
+  return result;
+}
+
+PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject* plan;
+  if (!PyArg_ParseTuple(args, "O", &plan)) return nullptr;
+  PyObject* cache = PyObject_GetAttrString(plan, "cache");
+  if (cache == nullptr) return nullptr;
+  if (!PyDict_CheckExact(cache)) {
+    Py_DECREF(cache);
+    PyErr_SetString(PyExc_TypeError, "OpKernel(plan): plan.cache must be a dict");
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<KernelObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) {
+    Py_DECREF(cache);
+    return nullptr;
+  }
+  Py_INCREF(plan);
+  self->plan = plan;
+  self->cache = cache;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void kernel_dealloc(PyObject* o) {
+  auto* self = reinterpret_cast<KernelObject*>(o);
+  Py_XDECREF(self->plan);
+  Py_XDECREF(self->cache);
+  PyTypeObject* type = Py_TYPE(o);
+  type->tp_free(o);
+  Py_DECREF(type);
+}
+
+PyObject* kernel_plan(PyObject* o, void*) {
+  PyObject* plan = reinterpret_cast<KernelObject*>(o)->plan;
+  Py_INCREF(plan);
+  return plan;
+}
+
+PyObject* kernel_repr(PyObject* o) {
+  PyObject* name = PyObject_GetAttrString(reinterpret_cast<KernelObject*>(o)->plan, "name");
+  if (name == nullptr) return nullptr;
+  PyObject* r = PyUnicode_FromFormat("<tpu kernel of %S>", name);
+  Py_DECREF(name);
+  return r;
+}
+
+PyGetSetDef kernel_getset[] = {
+    {"plan", kernel_plan, nullptr, "the op's OpPlan", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyType_Slot kernel_slots[] = {
+    {Py_tp_new, reinterpret_cast<void*>(kernel_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(kernel_dealloc)},
+    {Py_tp_call, reinterpret_cast<void*>(kernel_call)},
+    {Py_tp_repr, reinterpret_cast<void*>(kernel_repr)},
+    {Py_tp_getset, kernel_getset},
+    {Py_tp_doc, const_cast<char*>("OpKernel(plan): the PrivateUse1 kernel of a lowered op")},
+    {0, nullptr}};
+
+PyType_Spec kernel_spec = {"torch_tpu._C.OpKernel", sizeof(KernelObject), 0, Py_TPFLAGS_DEFAULT,
+                           kernel_slots};
+
+// kernel_setup(executor_fn, defer_executor, counters, counter_name)
+PyObject* kernel_setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyDict_Check(args[2]) || !PyUnicode_Check(args[3])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "kernel_setup(executor_fn, defer_executor, counters: dict, counter_name: str)");
+    return nullptr;
+  }
+  PyObject** slots[] = {&g_executor_fn, &g_defer, &g_counters, &g_dispatch_counter};
+  for (int i = 0; i < 4; ++i) {
+    Py_INCREF(args[i]);
+    Py_XSETREF(*slots[i], args[i]);
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* set_executor(PyObject*, PyObject* ex) {
+  Py_XSETREF(g_current, ex == Py_None ? nullptr : (Py_INCREF(ex), ex));
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_methods[] = {
+    {"kernel_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(kernel_setup)), METH_FASTCALL,
+     "kernel_setup(executor_fn, defer_executor, counters, counter_name): what OpKernel calls"},
+    {"set_executor", set_executor, METH_O,
+     "set_executor(ex or None): the executor of every thread, or None to ask executor_fn"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+void add_kernel_functions(PyObject* module) {
+  const char* names[] = {"execute", "nodes", "in_backward", "loop", "_graph_starts", "_loop_flush", "fn"};
+  for (int i = 0; i < 7; ++i) g_str[i] = PyUnicode_InternFromString(names[i]);
+  g_loop_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&loop_spec));
+  auto* kernel_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&kernel_spec));
+  if (g_loop_type == nullptr || kernel_type == nullptr ||
+      PyModule_AddObject(module, "LoopDetector", reinterpret_cast<PyObject*>(g_loop_type)) < 0 ||
+      PyModule_AddObject(module, "OpKernel", reinterpret_cast<PyObject*>(kernel_type)) < 0 ||
+      PyModule_AddFunctions(module, g_methods) < 0)
+    throw std::runtime_error("kernel types");
+  Py_INCREF(g_loop_type);  // PyModule_AddObject stole one; the global keeps its own
+}
+
+}  // namespace torch_tpu
