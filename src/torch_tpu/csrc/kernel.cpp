@@ -8,9 +8,11 @@
 // `execute(plan, vals)`, the reference path: the other modes, a cache miss, what scan
 // leaves to Python, ops run at once (data-dependent shapes), and every flush.
 //
-// The current executor: `set_executor(ex)` names it while one executor serves every
-// thread (modes.py calls it whenever that changes); with None, the kernel asks
-// modes.executor() each call (an `eager_mode` block is open on some thread).
+// The current executor, as modes.executor() would say: this thread's innermost
+// `eager_mode` block's (set_thread_executor), else the global one while no block is open
+// on any thread (set_executor), else modes.executor() is asked (threads Python did not
+// start follow the blocks open elsewhere). Executors live as long as the process, so
+// these are borrowed.
 #include <Python.h>
 #include <structmember.h>
 
@@ -147,7 +149,8 @@ struct KernelObject {
   PyObject* cache;  // plan.cache: key -> Entry
 };
 
-PyObject* g_current = nullptr;      // the executor of every thread, or null: ask g_executor_fn
+thread_local PyObject* t_current = nullptr;  // this thread's eager_mode block's executor
+PyObject* g_current = nullptr;  // the executor of every thread without a block, or null
 PyObject* g_executor_fn = nullptr;  // modes.executor
 PyObject* g_defer = nullptr;        // the DeferExecutor
 PyObject* g_counters = nullptr;     // metrics.counters
@@ -245,7 +248,7 @@ PyObject* kernel_call(PyObject* o, PyObject* args, PyObject* kwargs) {
     PyErr_SetString(PyExc_RuntimeError, "OpKernel: kernel_setup was not called");
     return nullptr;
   }
-  PyObject* ex = g_current;
+  PyObject* ex = t_current != nullptr ? t_current : g_current;
   if (ex != nullptr) {
     Py_INCREF(ex);
   } else {
@@ -339,7 +342,12 @@ PyObject* kernel_setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* set_executor(PyObject*, PyObject* ex) {
-  Py_XSETREF(g_current, ex == Py_None ? nullptr : (Py_INCREF(ex), ex));
+  g_current = ex == Py_None ? nullptr : ex;
+  Py_RETURN_NONE;
+}
+
+PyObject* set_thread_executor(PyObject*, PyObject* ex) {
+  t_current = ex == Py_None ? nullptr : ex;
   Py_RETURN_NONE;
 }
 
@@ -347,7 +355,10 @@ PyMethodDef g_methods[] = {
     {"kernel_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(kernel_setup)), METH_FASTCALL,
      "kernel_setup(executor_fn, defer_executor, counters, counter_name): what OpKernel calls"},
     {"set_executor", set_executor, METH_O,
-     "set_executor(ex or None): the executor of every thread, or None to ask executor_fn"},
+     "set_executor(ex or None): the executor of threads outside eager_mode blocks, while no "
+     "block is open anywhere (else None)"},
+    {"set_thread_executor", set_thread_executor, METH_O,
+     "set_thread_executor(ex or None): this thread's innermost eager_mode block's executor"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -259,9 +259,15 @@ def _hard_exit(code: int) -> None:
 def fail(message: str) -> None:
     """Report a fatal distributed error from any thread and end this process."""
     stamp = time.strftime("%H:%M:%S")
-    text = f"[tpu_dist rank {_state['rank']} {stamp}] {message}"
-    try:
-        sys.stderr.write("\n" + text + "\n")
+    text = f"\n[tpu_dist rank {_state['rank']} {stamp}] {message}\n"
+    try:  # flush what Python buffered, then write straight to the file descriptor: the
+        # main thread may be inside a write to the same stream, whose buffer this
+        # thread then cannot flush before the exit
+        sys.stderr.flush()
     except Exception:  # noqa: BLE001
+        pass
+    try:
+        os.write(2, text.encode("utf-8", "replace"))
+    except OSError:
         pass
     _hard_exit(1)

@@ -125,8 +125,8 @@ def _switch_flush() -> None:
 def _publish() -> None:
     """Tell the C side what changed: storages made while any DeferAndFuse executor is
     active start without a buffer; the op kernels (csrc/kernel.cpp) use the global
-    executor directly while no `eager_mode` block is open on any thread, else ask
-    `executor()`."""
+    executor directly while no `eager_mode` block is open on any thread (each block also
+    tells them its thread's executor)."""
     lazy = _global["executor"].deferred or any(ex.deferred for _, ex in _open_contexts)
     _C.set_lazy_allocations(lazy)
     _C.set_executor(None if _open_contexts else _global["executor"])
@@ -156,6 +156,7 @@ def eager_mode(mode):
     _switch_flush()
     _tls.stack.append(mode)
     _tls.executor = _executor_for(mode)
+    _C.set_thread_executor(_tls.executor)
     token = (mode, _tls.executor)
     _open_contexts.append(token)
     _publish()
@@ -167,6 +168,7 @@ def eager_mode(mode):
         _publish()
         _tls.stack.pop()
         _tls.executor = _executor_for(_tls.stack[-1]) if _tls.stack else None
+        _C.set_thread_executor(_tls.executor)
 
 
 def init_from_env() -> None:
