@@ -178,11 +178,13 @@ NOTES = """### Reading these numbers
   The price is memory: the activations saved for the backward become real buffers at
   that flush, as in Strict (peak memory about 0.9x Strict's instead of about 0.4x with
   one fused graph per step), for a step 10-20% faster.
-- **Recording in C.** Per recorded op, the argument scan and cache key
-  (`csrc/scan.cpp`), the node, its result tensors and their pending values
-  (`csrc/graph.cpp`) and the user's line (`csrc/frames.cpp`) are C; what remains of
-  the per-op cost is torch's dispatch into a Python kernel (~2 µs), a few Python frames
-  and the graph-cache lookup.
+- **Recording in C.** A lowered op's PrivateUse1 kernel is a C callable
+  (`csrc/kernel.cpp`): once its entry is cached, DeferAndFuse records it with no Python
+  frame. The argument scan and cache key (`csrc/scan.cpp`), the node, its result tensors
+  and their pending values (`csrc/graph.cpp`), the user's line (`csrc/frames.cpp`) and
+  loop detection are C. What remains of the per-op cost is mostly torch's: the
+  dispatcher's conversion of the op's arguments to Python objects and back (~2 µs), then
+  the hash of the graph-cache key.
 - **Against CPU eager.** The small models here are per-op overhead bound for every
   contestant: CPU eager spends ~8 µs per op (compute included) on ~1,300 ops per
   training step, of which ~650 are views that DeferAndFuse also runs in C++ kernels.
