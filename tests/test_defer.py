@@ -301,6 +301,51 @@ def test_mode_api():
         torch_tpu.set_eager_mode(torch_tpu.EagerMode.STRICT)
 
 
+def test_ops_run_in_their_threads_mode():
+    """The op kernels pick the executor in C (csrc/kernel.cpp): each thread's innermost
+    block wins, and a thread without one follows the global mode."""
+    x = torch.ones(8, device="tpu")
+    x.sum().item()  # the op's entry is cached: the C fast path serves the calls below
+
+    def dispatches():
+        c = metrics.as_dict()["counters"]
+        return {m: c.get(f"dispatches.{m}", 0) for m in ("strict", "debug", "defer_and_fuse")}
+
+    def ran_in(fn):
+        before = dispatches()
+        fn()
+        return {m: n for m, n in _delta(before, dispatches()).items() if n}
+
+    def in_thread():
+        out = {}
+        th = threading.Thread(target=lambda: out.update(ran_in(lambda: x + 1)))
+        th.start()
+        th.join()
+        return out
+
+    got = {"global": ran_in(lambda: x + 1)}
+    with torch_tpu.eager_mode(DEFER):
+        got["block"] = ran_in(lambda: x + 1)
+        with torch_tpu.eager_mode("debug"):
+            got["inner block"] = ran_in(lambda: x + 1)
+        got["other thread"] = in_thread()
+        got["block again"] = ran_in(lambda: x + 1)
+    torch_tpu.set_eager_mode(DEFER)
+    try:
+        got["global defer"] = ran_in(lambda: x + 1)
+        got["thread, global defer"] = in_thread()
+        with torch_tpu.eager_mode("strict"):
+            got["strict block"] = ran_in(lambda: x + 1)
+    finally:
+        torch_tpu.set_eager_mode(torch_tpu.EagerMode.STRICT)
+    got["after"] = ran_in(lambda: x + 1)
+    assert got == {"global": {"strict": 1}, "block": {"defer_and_fuse": 1},
+                   "inner block": {"debug": 1}, "other thread": {"strict": 1},
+                   "block again": {"defer_and_fuse": 1}, "global defer": {"defer_and_fuse": 1},
+                   "thread, global defer": {"defer_and_fuse": 1},
+                   "strict block": {"strict": 1}, "after": {"strict": 1}}
+
+
 @pytest.mark.parametrize("env,mode", [("TORCH_TPU_LAUNCH_BLOCKING", "DEBUG"),
                                       ("TORCH_TPU_DEFER_AND_FUSE", "DEFER_AND_FUSE")])
 def test_mode_from_environment(env, mode):
