@@ -157,6 +157,15 @@ def test_input_mutation_inference_and_training():
     torch.testing.assert_close(wt.grad.cpu(), w.grad)
 
 
+def test_input_storage_without_a_buffer_yet():
+    """torch.empty's storage gets its buffer at first use: a compiled graph's argument scan
+    (csrc program_scan) leaves that call to Python, which makes the buffer and scans again."""
+    f = torch.compile(lambda x, y: x * 0 + y, backend="tpu")
+    y = torch.arange(4.0, device="tpu")
+    assert torch.equal(f(torch.zeros(4, device="tpu"), y).cpu(), torch.arange(4.0))
+    assert torch.equal(f(torch.empty(4, device="tpu"), y).cpu(), torch.arange(4.0))
+
+
 def test_mutating_inputs_that_share_storage():
     """Two overlapping views of one tensor, both written: AOTAutograd merges them into a
     synthetic base (as_strided / as_strided_scatter in the graph)."""

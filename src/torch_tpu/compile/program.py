@@ -30,9 +30,8 @@ from .._device import default_generator
 from ..eager.modes import flush_pending
 from .lower import GraphLowering
 
-_ATTR = _storage.ATTR
 _empty = _C.empty_with_storage  # (shape, strides or None, dtype) -> (tensor, its storage)
-_scan = _C.program_scan  # (kinds, args) -> (parts, bufs, storages), or None: see Program._scan
+_scan = _C.program_scan  # (kinds, args) -> (parts, bufs, storages), or None: Program._scan
 _SEED_MASK = 0x7FFFFFFFFFFFFFFF
 _MANY_LAYOUTS = 8
 
@@ -137,11 +136,8 @@ class Program:
         flush_pending("compiled_graph")  # deferred eager work writes the buffers read here
         kinds = self.kinds
         extra = []
-        scanned = _scan(kinds, args)  # C; None when an input's storage has no buffer yet
-        if scanned is not None:
-            parts, bufs, storages = scanned
-        else:
-            parts, bufs, storages = self._scan(args)
+        # C; None when an input's storage has no buffer yet
+        parts, bufs, storages = _scan(kinds, args) or self._scan(args)
         henv = None
         if self.has_host:
             henv = {}
@@ -187,31 +183,16 @@ class Program:
         return outs
 
     def _scan(self, args):
-        """What csrc's program_scan does, in Python, making buffers for storages that
-        have none: -> (parts, bufs, storages)."""
-        parts = []
-        bufs = []
-        storages = []
-        seen = {}
+        """program_scan left this call to Python: an input's storage has no buffer yet.
+        Give those storages theirs (zeros, as any fresh storage gets), then scan again."""
         for k, a in zip(self.kinds, args):
             if k == IN_TPU:
-                s = a.untyped_storage()
-                rec = getattr(s, _ATTR, None)
-                if rec is None:
-                    rec = _storage.record(s, a.dtype)
-                j = seen.get(id(s))
-                if j is None:
-                    j = seen[id(s)] = len(bufs)
-                    bufs.append(rec[0])
-                    storages.append(s)
-                parts.append((a.shape, a.stride(), a.storage_offset(), a.dtype, rec[1], rec[2], j))
-            elif k == IN_CPU:
-                parts.append(None)  # read on the host (graph.run_host), fed as needed
-            elif k == IN_INT:
-                parts.append(int(a))
-            else:
-                parts.append(a)
-        return parts, bufs, storages
+                _storage.record(a.untyped_storage(), a.dtype)
+        scanned = _scan(self.kinds, args)
+        if scanned is None:
+            raise RuntimeError("torch_tpu: a compiled graph's tpu input could not be read "
+                               "(not a tensor with a device buffer)")
+        return scanned
 
     # ------------------------------------------------------------ per input layout
     def _build(self, key, nbufs):

@@ -22,8 +22,8 @@
 
 namespace torch_tpu {
 
-PyObject* normalize_values(PyObject* plan, PyObject* args, PyObject* kwargs);  // scan.cpp
-PyObject* scan_values(PyObject* plan, PyObject* vals);                         // scan.cpp
+PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs);  // scan.cpp
+PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals);         // scan.cpp
 PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns,
                     PyObject* vals);                                           // graph.cpp
 
@@ -146,6 +146,7 @@ PyTypeObject* g_loop_type = nullptr;
 struct KernelObject {
   PyObject_HEAD
   PyObject* plan;
+  PyObject* spec;   // plan.cspec: what normalize and scan read
   PyObject* cache;  // plan.cache: key -> Entry
 };
 
@@ -153,11 +154,12 @@ thread_local PyObject* t_current = nullptr;  // this thread's eager_mode block's
 PyObject* g_current = nullptr;  // the executor of every thread without a block, or null
 PyObject* g_executor_fn = nullptr;  // modes.executor
 PyObject* g_defer = nullptr;        // the DeferExecutor
+LoopObject* g_loop = nullptr;       // and its loop detector
 PyObject* g_counters = nullptr;     // metrics.counters
 PyObject* g_dispatch_counter = nullptr;  // its key there
 // attribute names: of the executor, and Entry.fn
-PyObject* g_str[7];
-enum { S_EXECUTE, S_NODES, S_IN_BACKWARD, S_LOOP, S_GRAPH_STARTS, S_LOOP_FLUSH, S_FN };
+PyObject* g_str[6];
+enum { S_EXECUTE, S_NODES, S_IN_BACKWARD, S_GRAPH_STARTS, S_LOOP_FLUSH, S_FN };
 
 PyObject* execute_in_python(PyObject* ex, PyObject* plan, PyObject* vals) {
   return PyObject_CallMethodObjArgs(ex, g_str[S_EXECUTE], plan, vals, nullptr);
@@ -178,7 +180,7 @@ bool count_dispatch() {
 PyObject* const NOT_HERE = reinterpret_cast<PyObject*>(1);
 
 PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
-  PyObject* scanned = scan_values(k->plan, vals);
+  PyObject* scanned = scan_values(k->plan, k->spec, vals);
   if (scanned == nullptr) return nullptr;
   if (scanned == Py_None) {
     Py_DECREF(scanned);
@@ -212,24 +214,16 @@ PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
   if (!count_dispatch()) goto done;
   result = record_op(nodes, entry, PyTuple_GET_ITEM(scanned, 1), PyTuple_GET_ITEM(scanned, 2), vals);
   if (result != nullptr) {
-    PyObject* loop = PyObject_GetAttr(ex, g_str[S_LOOP]);
-    PyObject* in_bw = loop == nullptr ? nullptr : PyObject_GetAttr(ex, g_str[S_IN_BACKWARD]);
-    int verdict = -1;
-    if (in_bw != nullptr && Py_TYPE(loop) == g_loop_type) {
-      const int busy = PyObject_IsTrue(in_bw);
-      if (busy >= 0)
-        verdict = loop_push(reinterpret_cast<LoopObject*>(loop), reinterpret_cast<uintptr_t>(entry), busy);
-    } else if (in_bw != nullptr) {
-      PyErr_SetString(PyExc_TypeError, "DeferExecutor.loop must be a LoopDetector");
-    }
-    Py_XDECREF(loop);
+    PyObject* in_bw = PyObject_GetAttr(ex, g_str[S_IN_BACKWARD]);
+    const int busy = in_bw == nullptr ? -1 : PyObject_IsTrue(in_bw);
     Py_XDECREF(in_bw);
+    const int verdict = busy < 0 ? -1 : loop_push(g_loop, reinterpret_cast<uintptr_t>(entry), busy);
     if (verdict > 0) {
       PyObject* code = PyLong_FromLong(verdict);
       PyObject* r = code == nullptr ? nullptr
                                     : PyObject_CallMethodOneArg(ex, g_str[S_LOOP_FLUSH], code);
       Py_XDECREF(code);
-      if (r == nullptr) verdict = -1;
+      if (r == nullptr) Py_CLEAR(result);
       Py_XDECREF(r);
     }
     if (verdict < 0) Py_CLEAR(result);
@@ -255,7 +249,7 @@ PyObject* kernel_call(PyObject* o, PyObject* args, PyObject* kwargs) {
     ex = PyObject_CallNoArgs(g_executor_fn);
     if (ex == nullptr) return nullptr;
   }
-  PyObject* vals = normalize_values(k->plan, args, kwargs);
+  PyObject* vals = normalize_values(k->spec, args, kwargs);
   PyObject* result = nullptr;
   if (vals != nullptr) {
     result = ex == g_defer ? record_deferred(k, ex, vals) : NOT_HERE;
@@ -270,19 +264,20 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   PyObject* plan;
   if (!PyArg_ParseTuple(args, "O", &plan)) return nullptr;
   PyObject* cache = PyObject_GetAttrString(plan, "cache");
-  if (cache == nullptr) return nullptr;
-  if (!PyDict_CheckExact(cache)) {
-    Py_DECREF(cache);
-    PyErr_SetString(PyExc_TypeError, "OpKernel(plan): plan.cache must be a dict");
-    return nullptr;
-  }
-  auto* self = reinterpret_cast<KernelObject*>(type->tp_alloc(type, 0));
+  PyObject* spec = cache == nullptr ? nullptr : PyObject_GetAttrString(plan, "cspec");
+  KernelObject* self = nullptr;
+  if (spec != nullptr && (!PyDict_CheckExact(cache) || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 6))
+    PyErr_SetString(PyExc_TypeError, "OpKernel(plan): plan.cache must be a dict, plan.cspec a 6-tuple");
+  else if (spec != nullptr)
+    self = reinterpret_cast<KernelObject*>(type->tp_alloc(type, 0));
   if (self == nullptr) {
-    Py_DECREF(cache);
+    Py_XDECREF(cache);
+    Py_XDECREF(spec);
     return nullptr;
   }
   Py_INCREF(plan);
   self->plan = plan;
+  self->spec = spec;
   self->cache = cache;
   return reinterpret_cast<PyObject*>(self);
 }
@@ -290,6 +285,7 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
 void kernel_dealloc(PyObject* o) {
   auto* self = reinterpret_cast<KernelObject*>(o);
   Py_XDECREF(self->plan);
+  Py_XDECREF(self->spec);
   Py_XDECREF(self->cache);
   PyTypeObject* type = Py_TYPE(o);
   type->tp_free(o);
@@ -326,13 +322,25 @@ PyType_Slot kernel_slots[] = {
 PyType_Spec kernel_spec = {"torch_tpu._C.OpKernel", sizeof(KernelObject), 0, Py_TPFLAGS_DEFAULT,
                            kernel_slots};
 
-// kernel_setup(executor_fn, defer_executor, counters, counter_name)
+// kernel_setup(executor_fn, defer_executor or None, counters, counter_name)
 PyObject* kernel_setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4 || !PyDict_Check(args[2]) || !PyUnicode_Check(args[3])) {
     PyErr_SetString(PyExc_TypeError,
                     "kernel_setup(executor_fn, defer_executor, counters: dict, counter_name: str)");
     return nullptr;
   }
+  LoopObject* loop = nullptr;  // the executor keeps its detector for life
+  if (args[1] != Py_None) {
+    PyObject* l = PyObject_GetAttrString(args[1], "loop");
+    if (l == nullptr) return nullptr;
+    if (Py_TYPE(l) != g_loop_type) {
+      Py_DECREF(l);
+      PyErr_SetString(PyExc_TypeError, "kernel_setup: defer_executor.loop must be a LoopDetector");
+      return nullptr;
+    }
+    loop = reinterpret_cast<LoopObject*>(l);
+  }
+  Py_XSETREF(g_loop, loop);
   PyObject** slots[] = {&g_executor_fn, &g_defer, &g_counters, &g_dispatch_counter};
   for (int i = 0; i < 4; ++i) {
     Py_INCREF(args[i]);
@@ -364,8 +372,8 @@ PyMethodDef g_methods[] = {
 }  // namespace
 
 void add_kernel_functions(PyObject* module) {
-  const char* names[] = {"execute", "nodes", "in_backward", "loop", "_graph_starts", "_loop_flush", "fn"};
-  for (int i = 0; i < 7; ++i) g_str[i] = PyUnicode_InternFromString(names[i]);
+  const char* names[] = {"execute", "nodes", "in_backward", "_graph_starts", "_loop_flush", "fn"};
+  for (int i = 0; i < 6; ++i) g_str[i] = PyUnicode_InternFromString(names[i]);
   g_loop_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&loop_spec));
   auto* kernel_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&kernel_spec));
   if (g_loop_type == nullptr || kernel_type == nullptr ||

@@ -27,8 +27,9 @@ namespace torch_tpu {
 
 PyObject* g_record_attr = nullptr;  // the storage attribute holding (buffer, length, dtype)
 
-PyObject* normalize_values(PyObject* plan, PyObject* args, PyObject* kwargs);
-PyObject* scan_values(PyObject* plan, PyObject* vals);
+// spec: the plan's cspec (borrowed)
+PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs);
+PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals);
 
 namespace {
 
@@ -222,7 +223,11 @@ PyObject* normalize(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "normalize(plan, args: tuple, kwargs: dict)");
     return nullptr;
   }
-  return normalize_values(args[0], args[1], args[2]);
+  PyObject* spec = PyObject_GetAttr(args[0], g_cspec);
+  if (spec == nullptr) return nullptr;
+  PyObject* vals = normalize_values(spec, args[1], args[2]);
+  Py_DECREF(spec);
+  return vals;
 }
 
 // scan(plan, vals) -> (key, bufs, dyns), or None for Python's scan.
@@ -231,30 +236,29 @@ PyObject* scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "scan(plan, vals: list)");
     return nullptr;
   }
-  return scan_values(args[0], args[1]);
+  PyObject* spec = PyObject_GetAttr(args[0], g_cspec);
+  if (spec == nullptr) return nullptr;
+  PyObject* scanned = scan_values(args[0], spec, args[1]);
+  Py_DECREF(spec);
+  return scanned;
 }
 
 }  // namespace
 
-// normalize and scan, for OpKernel (kernel.cpp) too
-PyObject* normalize_values(PyObject* plan, PyObject* args, PyObject* kwargs) {
+// normalize and scan, for OpKernel (kernel.cpp) too, which keeps its plan's cspec
+PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs) {
   if (!PyTuple_Check(args) || (kwargs != nullptr && kwargs != Py_None && !PyDict_Check(kwargs))) {
     PyErr_SetString(PyExc_TypeError, "normalize(plan, args: tuple, kwargs: dict)");
     return nullptr;
   }
   if (kwargs == nullptr) kwargs = Py_None;
-  PyObject* spec = PyObject_GetAttr(plan, g_cspec);
-  if (spec == nullptr) return nullptr;
   const Py_ssize_t npos = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 3));
   PyObject* names = PyTuple_GET_ITEM(spec, 4);
   PyObject* defaults = PyTuple_GET_ITEM(spec, 5);
   const Py_ssize_t total = PyTuple_GET_SIZE(names);
   const Py_ssize_t n = PyTuple_GET_SIZE(args);
   PyObject* vals = PyList_New(std::max(n, npos) + (total - npos));
-  if (vals == nullptr) {
-    Py_DECREF(spec);
-    return nullptr;
-  }
+  if (vals == nullptr) return nullptr;
   Py_ssize_t k = 0;
   for (; k < n; ++k) {
     PyObject* v = PyTuple_GET_ITEM(args, k);
@@ -271,7 +275,6 @@ PyObject* normalize_values(PyObject* plan, PyObject* args, PyObject* kwargs) {
     if (v == nullptr) {
       if (PyErr_Occurred()) {
         Py_DECREF(vals);
-        Py_DECREF(spec);
         return nullptr;
       }
       v = PyTuple_GET_ITEM(defaults, i);
@@ -279,25 +282,19 @@ PyObject* normalize_values(PyObject* plan, PyObject* args, PyObject* kwargs) {
     Py_INCREF(v);
     PyList_SET_ITEM(vals, k, v);
   }
-  Py_DECREF(spec);
   return vals;
 }
 
-PyObject* scan_values(PyObject* plan, PyObject* vals) {
+PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals) {
   if (!PyList_Check(vals)) {
     PyErr_SetString(PyExc_TypeError, "scan(plan, vals: list)");
     return nullptr;
   }
-  PyObject* spec = PyObject_GetAttr(plan, g_cspec);
-  if (spec == nullptr) return nullptr;
   PyObject* kinds = PyTuple_GET_ITEM(spec, 0);
   const bool mutable_ = PyTuple_GET_ITEM(spec, 1) == Py_True;
   const bool python_only = PyTuple_GET_ITEM(spec, 2) == Py_True;
   const Py_ssize_t n = PyList_GET_SIZE(vals);
-  if (python_only || PyTuple_GET_SIZE(kinds) < n) {
-    Py_DECREF(spec);
-    Py_RETURN_NONE;
-  }
+  if (python_only || PyTuple_GET_SIZE(kinds) < n) Py_RETURN_NONE;
   Scan s{PyList_New(0), PyList_New(0), mutable_ ? PyList_New(0) : nullptr};
   PyObject* parts = PyTuple_New(n);
   PyObject* result = nullptr;
@@ -355,7 +352,6 @@ done:
   Py_XDECREF(s.bufs);
   Py_XDECREF(s.dyns);
   Py_XDECREF(s.recs);
-  Py_DECREF(spec);
   if (bail) Py_RETURN_NONE;
   return result;
 }

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from .. import _runtime
 from . import _bootstrap, _io
+from .collectives import explain
 
 _DTYPES = sorted(_runtime.TORCH_TO_JAX, key=str)
 _CODE = {d: i for i, d in enumerate(_DTYPES)}
@@ -108,8 +109,6 @@ class Link:
         _io.flat_out(t, _runtime.to_device(data.view(t.dtype)))
 
     def _failed(self, e: Exception) -> Exception:
-        from .collectives import explain
-
         return dist.DistBackendError(
             f"point-to-point with rank {self.peer}: " + explain(str(e)))
 
