@@ -212,6 +212,39 @@ def test_training_graph_with_aliased_outputs():
     torch.testing.assert_close(wt.grad.cpu(), w.grad)
 
 
+def test_fused_attention_in_forward_and_backward_graphs(monkeypatch):
+    """F.scaled_dot_product_attention compiles to the fused attention ops (one forward,
+    one backward: the lowerings eager uses), with eager's values and gradients."""
+    from torch_tpu.compile import lower
+
+    aten = torch.ops.aten
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) * 2
+
+    g = torch.Generator().manual_seed(0)
+    cpu = [torch.randn(2, h, 6, 8, generator=g, requires_grad=True) for h in (4, 2, 2)]
+    tpu = [x.detach().to("tpu").requires_grad_() for x in cpu]
+    lowered = []
+    real = lower.op_info
+
+    def spy(op):
+        lowered.append(op)
+        return real(op)
+
+    monkeypatch.setattr(lower, "op_info", spy)
+    out = torch.compile(f, backend="tpu")(*tpu)
+    out.sum().backward()
+    assert aten._scaled_dot_product_fused_attention_overrideable.default in lowered
+    assert aten._scaled_dot_product_fused_attention_overrideable_backward.default in lowered
+    assert aten.bmm.default not in lowered  # not the math path
+    ref = f(*cpu)
+    ref.sum().backward()
+    torch.testing.assert_close(out.cpu(), ref)
+    for a, b in zip(tpu, cpu):
+        torch.testing.assert_close(a.grad.cpu(), b.grad)
+
+
 def test_rng_reproducible_with_manual_seed():
     def f(x):
         return F.dropout(x, 0.5, training=True) + torch.rand_like(x)

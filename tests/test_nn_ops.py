@@ -39,7 +39,22 @@ CASES = [
     Case("log_softmax", lambda x: F.log_softmax(x, -1), randn(2, 3, 5), bf16=True),
     Case("softmax_dim0", lambda x: F.softmax(x, 0), randn(3, 4)),
     Case("sdpa_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-         randn(1, 2, 4, 8, seed=1), randn(1, 2, 4, 8, seed=2), randn(1, 2, 4, 8, seed=3)),
+         randn(1, 2, 4, 8, seed=1), randn(1, 2, 4, 8, seed=2), randn(1, 2, 4, 8, seed=3),
+         bf16=True),
+    Case("sdpa_causal_more_keys",
+         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
+         randn(2, 2, 4, 8, seed=1), randn(2, 2, 6, 8, seed=2), randn(2, 2, 6, 8, seed=3)),
+    Case("sdpa_gqa", lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True),
+         randn(2, 4, 5, 8, seed=1), randn(2, 2, 5, 8, seed=2), randn(2, 2, 5, 8, seed=3)),
+    Case("sdpa_bool_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m),
+         randn(2, 2, 4, 8, seed=1), randn(2, 2, 6, 8, seed=2), randn(2, 2, 6, 8, seed=3),
+         torch.rand(4, 6, generator=_gen(4)) > 0.3),
+    Case("sdpa_float_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m),
+         randn(2, 2, 4, 8, seed=1), randn(2, 2, 6, 8, seed=2), randn(2, 2, 6, 8, seed=3),
+         randn(2, 1, 4, 6, seed=4)),
+    Case("sdpa_3d", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+         randn(3, 4, 8, seed=1), randn(3, 5, 8, seed=2), randn(3, 5, 6, seed=3)),
     # normalization
     Case("layer_norm", lambda x, w, b: F.layer_norm(x, (5,), w, b),
          randn(3, 4, 5), randn(5, seed=1), randn(5, seed=2), bf16=True),
@@ -243,6 +258,66 @@ def test_op_forward_backward(case, dtype):
     for g, e in zip(got, expected):
         assert g.device.type == "tpu"
         torch.testing.assert_close(g.cpu(), e, **TOL[dtype])
+
+
+def _sdpa_inputs(device, requires_grad=True):
+    q, k, v = randn(2, 4, 6, 8, seed=1), randn(2, 2, 6, 8, seed=2), randn(2, 2, 6, 8, seed=3)
+    return [x.to(device).requires_grad_(requires_grad) for x in (q, k, v)]
+
+
+def _dispatches():
+    from torch_tpu import metrics
+    return sum(n for k, n in metrics.counters.items() if k.startswith("dispatches."))
+
+
+def test_sdpa_is_one_fused_op_each_way():
+    """F.scaled_dot_product_attention on tpu takes torch's "overrideable" backend: one
+    forward op and one backward op, not the math path's dozen small ones."""
+    q, k, v = _sdpa_inputs("tpu")
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    loss = out.sum()
+    assert out.grad_fn.name() == "ScaledDotProductFusedAttentionOverrideableBackward0"
+    before = _dispatches()
+    torch.autograd.grad(loss, (q, k, v))
+    # sum's backward (an expand of the ones: a view, no dispatch) and the attention's
+    assert _dispatches() - before <= 2
+
+
+def test_sdpa_backend_choice_follows_torch():
+    """The user's backend selection, dropout and a mask beside is_causal keep torch's math
+    path on tpu too, with its results and its errors."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = _sdpa_inputs("tpu")
+    with sdpa_kernel([SDPBackend.MATH]):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert "Overrideable" not in out.grad_fn.name()
+    with sdpa_kernel([SDPBackend.MATH]):
+        ref = F.scaled_dot_product_attention(*_sdpa_inputs("cpu"), is_causal=True,
+                                             enable_gqa=True)
+    torch.testing.assert_close(out.cpu(), ref, **TOL[torch.float32])
+    torch.manual_seed(0)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5, enable_gqa=True)
+    assert "Overrideable" not in out.grad_fn.name()
+    mask = torch.ones(6, 6, dtype=torch.bool, device="tpu")
+    with pytest.raises(RuntimeError, match="is_causal"):
+        F.scaled_dot_product_attention(q, k, v, mask, is_causal=True, enable_gqa=True)
+
+
+def test_sdpa_query_that_sees_no_key_gives_zeros():
+    """torch's math path (_safe_softmax) gives 0 for a fully masked query row, not NaN."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    mask[2] = False
+    q, k, v = _sdpa_inputs("tpu")
+    out = F.scaled_dot_product_attention(q, k, v, mask.to("tpu"), enable_gqa=True)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    cq, ck, cv = _sdpa_inputs("cpu")
+    with sdpa_kernel([SDPBackend.MATH]):
+        ref = F.scaled_dot_product_attention(cq, ck, cv, mask, enable_gqa=True)
+    ref_grads = torch.autograd.grad(ref.sum(), (cq, ck, cv))
+    assert torch.all(out[:, :, 2].cpu() == 0)
+    for g, e in zip([out, *grads], [ref, *ref_grads]):
+        torch.testing.assert_close(g.cpu(), e, **TOL[torch.float32])
 
 
 def test_batch_norm_updates_running_stats():

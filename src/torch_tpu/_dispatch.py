@@ -130,8 +130,18 @@ def materialize(t: torch.Tensor, reason: str = "read") -> jax.Array:
 
 
 def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
+    """A host copy of a tpu tensor (waits for its value). A tensor that is its whole
+    storage is read straight from the storage's buffer: a reshape on the device would be
+    one more program, which the device runs after everything queued before it (XLA:CPU
+    runs a device's programs in order), so `loss.item()` would wait for the backward and
+    optimizer graph flushed just before it instead of for the loss alone."""
     metrics.count("device_to_host")
-    return _runtime.to_host(materialize(t, reason), t.dtype).reshape(t.shape)
+    modes.flush_pending(reason)
+    buf, n, bdt = _storage.record(t.untyped_storage(), t.dtype)
+    if not (t.storage_offset() == 0 and n == t.numel() and bdt == _runtime.jax_dtype(t.dtype)
+            and t.is_contiguous() and not t.is_conj() and not t.is_neg()):
+        buf = materialize(t, reason)
+    return _runtime.to_host(buf, t.dtype).reshape(t.shape)
 
 
 def _upload(src: torch.Tensor) -> torch.Tensor:

@@ -60,7 +60,7 @@ class OpInfo:
             # numbers, as the eager executor keys them by value
             kinds = [STATIC if k == SCALAR else k for k in kinds]
         self.kinds = tuple(kinds)
-        self.seeded = torch.Tag.nondeterministic_seeded in op.tags or op in _SEEDED_RULES
+        self.seeded = registry.seeded(op, fn) or op in _SEEDED_RULES
         # argument indices the op writes (in-place and out= ops: rare after functionalization,
         # but the input-mutation epilogue is copy_ into graph inputs)
         self.mutated = tuple(i for i, a in enumerate(args)

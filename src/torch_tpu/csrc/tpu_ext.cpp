@@ -14,6 +14,7 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -392,6 +393,33 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("resize_", resize_);
   m.impl("set_.source_Storage_storage_offset", set_storage);
 }
+
+// ---------------------------------------------------------------- attention backend
+// F.scaled_dot_product_attention asks a per-device stub (not an op) which kernel to run.
+// Without one a tpu tensor gets the math path: ~12 small ops forward and ~20 backward
+// per call, each recorded or dispatched on its own. The "overrideable" backend is torch's
+// slot for out-of-tree devices: one op forward, one backward (lowering/attention.py),
+// with torch's autograd formula between them. Dropout (random), nested tensors, 3-D
+// inputs, a mask together with is_causal (torch's error), heads that do not divide, and a
+// user who disabled the backend (torch.nn.attention.sdpa_kernel) keep the math path.
+int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                   const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                   std::optional<double> /*scale*/, bool enable_gqa) {
+  const auto math = static_cast<int64_t>(at::SDPBackend::math);
+  if (!at::globalContext().userEnabledOverrideableSDP()) return math;
+  if (dropout_p > 0.0 || query.is_nested() || key.is_nested() || value.is_nested()) return math;
+  // 4-D only: torch's meta kernel of the fused op breaks on 3-D (H, L, E) inputs
+  if (query.dim() != 4 || key.dim() != 4 || value.dim() != 4) return math;
+  if (attn_mask.has_value() && attn_mask->defined() && is_causal) return math;
+  const int64_t hq = query.size(-3), hk = key.size(-3);
+  if (value.size(-3) != hk || (hq != hk && (!enable_gqa || hq % hk != 0))) return math;
+  return static_cast<int64_t>(at::SDPBackend::overrideable);
+}
+
+const bool g_sdp_choice_set = [] {
+  at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&sdp_choice);
+  return true;
+}();
 
 // ---------------------------------------------------------------- autocast
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {

@@ -19,6 +19,7 @@ import torch
 
 from .. import _C, _runtime, _storage, metrics
 from .._device import default_generator
+from ..lowering import registry
 
 TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC, STATIC_NUMBER = range(9)
 _KINDS = {
@@ -126,7 +127,7 @@ class OpPlan:
             owner.get(next(iter(r.alias_info.before_set))) if r.alias_info is not None else None
             for r in schema.returns)
         self.nrets = len(schema.returns)
-        self.seeded = torch.Tag.nondeterministic_seeded in op.tags
+        self.seeded = registry.seeded(op, lowering)
         self.dynamic_shape = torch.Tag.dynamic_output_shape in op.tags
         self.cache = {}
         # like CUDA, advanced indexing of a device tensor takes index tensors on the host

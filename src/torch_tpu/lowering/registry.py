@@ -38,6 +38,19 @@ def lowering(*ops):
     return register
 
 
+def never_draws(fn):
+    """Mark a lowering of an op that torch tags `nondeterministic_seeded` but that draws no
+    random numbers here (fused attention: dropout stays on torch's math path). The
+    executors then pass it no generator and advance no offset, and key it like any op."""
+    fn.never_draws = True
+    return fn
+
+
+def seeded(op, fn) -> bool:
+    """Whether a lowering takes `generator=` (a JAX key) for this op."""
+    return torch.Tag.nondeterministic_seeded in op.tags and not getattr(fn, "never_draws", False)
+
+
 def functional_variant(op):
     """For an in-place (`add_`) or out= (`add.out`) overload, the functional overload whose
     lowering computes its values; None when there is none."""
