@@ -8,7 +8,8 @@
 // (this node's output) as its buffer record, and Lazy records for the storages it
 // mutates. The Python it replaces is DeferExecutor.execute's tail (eager/defer.py).
 //
-// flush_plan(nodes) numbers the nodes and wires the graph (fuse.flush's first step).
+// flush_plan(nodes, donate) numbers the nodes, wires the graph and keys it (fuse.flush's
+// first step).
 //
 // Also here: assemble (an op's return value, for Strict too) and replace_buffers (the
 // storages a compiled program wrote).
@@ -17,6 +18,10 @@
 
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#include <tuple>
+#include <unordered_map>
+#include <vector>
 
 namespace torch_tpu {
 
@@ -46,9 +51,9 @@ struct LazyObject {
 
 PyTypeObject* g_node_type = nullptr;
 PyTypeObject* g_lazy_type = nullptr;
-PyObject* g_names[5];  // Entry attributes fresh, out_recs, mut_slots, structure; "dtype"
+PyObject* g_names[6];  // Entry attributes fresh, out_recs, mut_slots, structure; "dtype", "size"
 
-enum { N_FRESH, N_OUT_RECS, N_MUT_SLOTS, N_STRUCTURE, N_DTYPE };
+enum { N_FRESH, N_OUT_RECS, N_MUT_SLOTS, N_STRUCTURE, N_DTYPE, N_SIZE };
 
 NodeObject* new_node(PyObject* entry, PyObject* bufs, PyObject* dyns, PyObject* frame) {
   auto* n = reinterpret_cast<NodeObject*>(g_node_type->tp_alloc(g_node_type, 0));
@@ -334,17 +339,31 @@ PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 // ------------------------------------------------------------ flushing
-// flush_plan(nodes) -> (wiring, ext, dyns, entry ids, dyn types, out_refs, storages):
-//   node.pos = its index; each node's inputs wired as an int (index into `ext`, the
-//   distinct external buffers) or (node pos, output idx); node.bufs dropped, so that from
-//   here on only `ext` holds the inputs; the values a live storage still holds become the
-//   graph's outputs (out_refs), in the order of `storages`. dyn types: each dynamic
-//   scalar's dtype (or Python type), for the graph key.
-PyObject* flush_plan(PyObject*, PyObject* nodes) {
-  if (!PyList_Check(nodes)) {
-    PyErr_SetString(PyExc_TypeError, "flush_plan(nodes: list)");
+// flush_plan(nodes, donate) -> (key, ext, dyns, storages, donated):
+//   node.pos = its index; each node's inputs wired to an external buffer (an index into
+//   `ext`, the distinct external buffers) or to an earlier node's output; node.bufs
+//   dropped, so that from here on only `ext` holds the inputs; the values a live storage
+//   still holds become the graph's outputs, in the order of `storages`.
+//   donated: indices of external buffers the graph overwrote and nothing else holds
+//   (their only reference left is `ext`), at most one per output of the same length and
+//   dtype (XLA reuses a donated buffer only for such an output).
+//   key: the graph's identity as bytes of int64 (hashed and compared at memcmp speed;
+//   fuse.py decodes it when the graph is new):
+//     n_nodes, per node (entry id, n_inputs, input...), n_outputs, output...,
+//     n_dyns, dyn type id..., n_donated, donated...
+//   where an input is an ext index (>= 0) or ~(node << 20 | output), an output is
+//   (node << 20 | output), and a dyn type is the id of the scalar's dtype (or Python
+//   type: seeds and offsets). Entries stay alive in their plan's cache, dtypes and types
+//   are interned: their ids are stable keys.
+constexpr int kOutBits = 20;
+
+PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyList_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "flush_plan(nodes: list, donate: bool)");
     return nullptr;
   }
+  PyObject* nodes = args[0];
+  const bool donate = PyObject_IsTrue(args[1]) == 1;
   const Py_ssize_t n = PyList_GET_SIZE(nodes);
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* o = PyList_GET_ITEM(nodes, i);
@@ -354,49 +373,41 @@ PyObject* flush_plan(PyObject*, PyObject* nodes) {
     }
     reinterpret_cast<NodeObject*>(o)->pos = i;
   }
-  PyObject* wiring = PyTuple_New(n);
-  PyObject* entries = PyTuple_New(n);
+  std::vector<int64_t> key;
+  key.reserve(8 * n + 64);
+  key.push_back(n);
+  std::unordered_map<PyObject*, int64_t> ext_index;
+  // (length, dtype) of each output, and how many of them no donated buffer took yet
+  std::vector<std::tuple<PyObject*, PyObject*, int64_t>> free_slots;
   PyObject* ext = PyList_New(0);
   PyObject* dyns = PyList_New(0);
-  PyObject* refs = PyList_New(0);
   PyObject* storages = PyList_New(0);
-  PyObject* ext_index = PyDict_New();  // id -> index in ext
+  PyObject* donated = PyList_New(0);
   PyObject* result = nullptr;
-  if (!wiring || !entries || !ext || !dyns || !refs || !storages || !ext_index) goto done;
+  std::vector<int64_t> outs;
+  if (!ext || !dyns || !storages || !donated) goto done;
   for (Py_ssize_t i = 0; i < n; ++i) {
     auto* node = reinterpret_cast<NodeObject*>(PyList_GET_ITEM(nodes, i));
-    PyObject* id = PyLong_FromVoidPtr(node->entry);
-    if (id == nullptr) goto done;
-    PyTuple_SET_ITEM(entries, i, id);
     if (!PyList_Check(node->bufs) || !PyList_Check(node->dyns)) {
       PyErr_SetString(PyExc_TypeError, "flush_plan: node flushed twice");
       goto done;
     }
     const Py_ssize_t nb = PyList_GET_SIZE(node->bufs);
-    PyObject* w = PyTuple_New(nb);
-    if (w == nullptr) goto done;
-    PyTuple_SET_ITEM(wiring, i, w);
+    key.push_back(reinterpret_cast<int64_t>(node->entry));
+    key.push_back(nb);
     for (Py_ssize_t k = 0; k < nb; ++k) {
       PyObject* b = PyList_GET_ITEM(node->bufs, k);
-      PyObject* item;
       if (Py_TYPE(b) == g_lazy_type) {
         auto* l = reinterpret_cast<LazyObject*>(b);
-        item = Py_BuildValue("(nn)", reinterpret_cast<NodeObject*>(l->node)->pos, l->idx);
-      } else {
-        PyObject* key = PyLong_FromVoidPtr(b);
-        if (key == nullptr) goto done;
-        item = PyDict_GetItemWithError(ext_index, key);  // borrowed
-        if (item != nullptr) {
-          Py_INCREF(item);
-        } else if (!PyErr_Occurred()) {
-          item = PyLong_FromSsize_t(PyList_GET_SIZE(ext));
-          if (item != nullptr && (PyDict_SetItem(ext_index, key, item) < 0 || PyList_Append(ext, b) < 0))
-            Py_CLEAR(item);
-        }
-        Py_DECREF(key);
+        key.push_back(~((reinterpret_cast<NodeObject*>(l->node)->pos << kOutBits) | l->idx));
+        continue;
       }
-      if (item == nullptr) goto done;
-      PyTuple_SET_ITEM(w, k, item);
+      auto it = ext_index.find(b);
+      if (it == ext_index.end()) {
+        it = ext_index.emplace(b, PyList_GET_SIZE(ext)).first;
+        if (PyList_Append(ext, b) < 0) goto done;
+      }
+      key.push_back(it->second);
     }
     const Py_ssize_t nd = PyList_GET_SIZE(dyns);
     if (PyList_SetSlice(dyns, nd, nd, node->dyns) < 0) goto done;  // extend
@@ -420,49 +431,93 @@ PyObject* flush_plan(PyObject*, PyObject* nodes) {
       }
       const bool live = PyTuple_Check(rec) && PyTuple_GET_SIZE(rec) == 3 &&
                         PyTuple_GET_ITEM(rec, 0) == reinterpret_cast<PyObject*>(l);
+      if (live && donate) {
+        PyObject* len = PyTuple_GET_ITEM(rec, 1);
+        PyObject* dt = PyTuple_GET_ITEM(rec, 2);
+        bool found = false;
+        for (auto& [flen, fdt, count] : free_slots) {
+          if (PyObject_RichCompareBool(fdt, dt, Py_EQ) == 1 && PyObject_RichCompareBool(flen, len, Py_EQ) == 1) {
+            ++count;
+            found = true;
+            break;
+          }
+        }
+        if (!found) free_slots.emplace_back(len, dt, 1);  // borrowed: `storages` keeps them
+      }
       Py_DECREF(rec);
       if (!live) continue;
-      PyObject* ref = Py_BuildValue("(nn)", i, l->idx);
-      if (ref == nullptr) goto done;
-      const int rc = PyList_Append(refs, ref);
-      Py_DECREF(ref);
-      if (rc < 0 || PyList_Append(storages, st) < 0) goto done;
+      outs.push_back((i << kOutBits) | l->idx);
+      if (PyList_Append(storages, st) < 0) goto done;
+    }
+  }
+  key.push_back(static_cast<int64_t>(outs.size()));
+  key.insert(key.end(), outs.begin(), outs.end());
+  {
+    const Py_ssize_t nd = PyList_GET_SIZE(dyns);
+    key.push_back(nd);
+    for (Py_ssize_t k = 0; k < nd; ++k) {
+      PyObject* d = PyList_GET_ITEM(dyns, k);
+      PyObject* t = reinterpret_cast<PyObject*>(Py_TYPE(d));
+      if (!PyLong_CheckExact(d) && !PyFloat_CheckExact(d)) {  // not a seed or offset
+        PyObject* dt = PyObject_GetAttr(d, g_names[N_DTYPE]);
+        if (dt == nullptr) {
+          PyErr_Clear();
+        } else {
+          t = dt;
+          Py_DECREF(dt);  // numpy's dtypes are singletons: the id outlives this reference
+        }
+      }
+      key.push_back(reinterpret_cast<int64_t>(t));
     }
   }
   {
-    const Py_ssize_t nd = PyList_GET_SIZE(dyns);
-    PyObject* types = PyTuple_New(nd);
-    if (types == nullptr) goto done;
-    for (Py_ssize_t k = 0; k < nd; ++k) {
-      PyObject* d = PyList_GET_ITEM(dyns, k);
-      PyObject* t;
-      if (PyLong_CheckExact(d) || PyFloat_CheckExact(d)) {  // seeds and offsets
-        t = reinterpret_cast<PyObject*>(Py_TYPE(d));
-        Py_INCREF(t);
-      } else if ((t = PyObject_GetAttr(d, g_names[N_DTYPE])) == nullptr) {
-        PyErr_Clear();
-        t = reinterpret_cast<PyObject*>(Py_TYPE(d));
-        Py_INCREF(t);
+    // donations: external buffers only `ext` references, matched to free outputs
+    const size_t at = key.size();
+    key.push_back(0);
+    const Py_ssize_t ne = donate ? PyList_GET_SIZE(ext) : 0;
+    for (Py_ssize_t j = 0; j < ne && !free_slots.empty(); ++j) {
+      PyObject* b = PyList_GET_ITEM(ext, j);
+      if (Py_REFCNT(b) != 1) continue;
+      PyObject* size = PyObject_GetAttr(b, g_names[N_SIZE]);
+      PyObject* dt = size ? PyObject_GetAttr(b, g_names[N_DTYPE]) : nullptr;
+      if (dt == nullptr) {
+        Py_XDECREF(size);
+        goto done;
       }
-      PyTuple_SET_ITEM(types, k, t);
+      for (auto& [flen, fdt, count] : free_slots) {
+        if (count > 0 && PyObject_RichCompareBool(fdt, dt, Py_EQ) == 1 &&
+            PyObject_RichCompareBool(flen, size, Py_EQ) == 1) {
+          --count;
+          key.push_back(j);
+          PyObject* jj = PyLong_FromSsize_t(j);
+          const int rc = jj ? PyList_Append(donated, jj) : -1;
+          Py_XDECREF(jj);
+          if (rc < 0) {
+            Py_DECREF(size);
+            Py_DECREF(dt);
+            goto done;
+          }
+          break;
+        }
+      }
+      Py_DECREF(size);
+      Py_DECREF(dt);
     }
-    PyObject* out_refs = PyList_AsTuple(refs);
-    if (out_refs == nullptr) {
-      Py_DECREF(types);
-      goto done;
-    }
-    result = PyTuple_Pack(7, wiring, ext, dyns, entries, types, out_refs, storages);
-    Py_DECREF(types);
-    Py_DECREF(out_refs);
+    key[at] = static_cast<int64_t>(key.size() - at - 1);
+  }
+  {
+    PyObject* kb = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(key.data()),
+                                             static_cast<Py_ssize_t>(key.size() * sizeof(int64_t)));
+    PyObject* don = kb ? PyList_AsTuple(donated) : nullptr;
+    if (don != nullptr) result = PyTuple_Pack(5, kb, ext, dyns, storages, don);
+    Py_XDECREF(kb);
+    Py_XDECREF(don);
   }
 done:
-  Py_XDECREF(wiring);
-  Py_XDECREF(entries);
   Py_XDECREF(ext);
   Py_XDECREF(dyns);
-  Py_XDECREF(refs);
   Py_XDECREF(storages);
-  Py_XDECREF(ext_index);
+  Py_XDECREF(donated);
   return result;
 }
 
@@ -512,8 +567,8 @@ PyMethodDef g_methods[] = {
      "replace_buffers(storages, indices, bufs): storages[indices[k]] now holds bufs[k]"},
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(record)), METH_FASTCALL,
      "record(nodes, entry, bufs, dyns, vals) -> the op's result: appends its pending Node"},
-    {"flush_plan", flush_plan, METH_O,
-     "flush_plan(nodes) -> (wiring, ext, dyns, entry ids, dyn types, out_refs, storages)"},
+    {"flush_plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(flush_plan)), METH_FASTCALL,
+     "flush_plan(nodes, donate) -> (key, ext, dyns, storages, donated)"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
@@ -527,8 +582,8 @@ PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* 
 void add_graph_functions(PyObject* module) {
   g_node_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&node_spec));
   g_lazy_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&lazy_spec));
-  const char* names[] = {"fresh", "out_recs", "mut_slots", "structure", "dtype"};
-  for (int i = 0; i < 5; ++i) g_names[i] = PyUnicode_InternFromString(names[i]);
+  const char* names[] = {"fresh", "out_recs", "mut_slots", "structure", "dtype", "size"};
+  for (int i = 0; i < 6; ++i) g_names[i] = PyUnicode_InternFromString(names[i]);
   if (g_node_type == nullptr || g_lazy_type == nullptr ||
       PyModule_AddObject(module, "Node", reinterpret_cast<PyObject*>(g_node_type)) < 0 ||
       PyModule_AddObject(module, "Lazy", reinterpret_cast<PyObject*>(g_lazy_type)) < 0 ||

@@ -6,12 +6,15 @@
 // builds the same key (shapes as plain tuples, which hash and compare like torch.Size):
 //   tensors            -> (shape, strides, offset, dtype, buffer length, buffer dtype), and
 //                         the storage record's buffer appended to `bufs`;
-//   Python scalars     -> their type, and the cached device scalar appended to `dyns`;
+//   Python scalars     -> their type, and the cached device scalar appended to `dyns`
+//                         (made and cached through opcall.device_scalar when new);
+//   a number passed for a tensor (a wrapped number: `x + 1e-6`) -> ("#", its type), the
+//                         same device scalar;
 //   static arguments   -> their value (lists as tuples).
 // Whatever is rarer returns None and OpPlan.scan's Python handles it: a storage with no
-// buffer yet or of another device, conj/neg views, a number passed for a tensor, a tensor
-// passed for a scalar, seeded ops, factories, two mutated arguments sharing a storage, a
-// scalar not yet in the device-scalar cache. The Python path stays the reference.
+// buffer yet or of another device, conj/neg views, a tensor passed for a scalar, seeded
+// ops, factories, two mutated arguments sharing a storage. The Python path stays the
+// reference.
 //
 // program_scan(kinds, args) does the same for a compiled graph's arguments.
 #include <Python.h>
@@ -22,6 +25,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <vector>
 
 namespace torch_tpu {
 
@@ -37,8 +41,10 @@ namespace {
 enum Kind { TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC, STATIC_NUMBER };
 
 PyObject* g_scalars = nullptr;  // opcall._SCALARS: (type, value) -> device scalar
+PyObject* g_make_scalar = nullptr;  // opcall.device_scalar: makes and caches a missing one
 PyObject* g_cspec = nullptr;    // "cspec": a plan's (kinds, mutable, python_only, npos, names, defaults)
 PyObject* g_eq = nullptr;       // "=" (the key part of a None/bool scalar)
+PyObject* g_hash = nullptr;     // "#" (the key part of a number passed for a tensor)
 
 // A new reference to the tuple of an IntArrayRef.
 PyObject* int_tuple(c10::IntArrayRef xs) {
@@ -107,7 +113,11 @@ struct Scan {
       Py_INCREF(Py_None);
       return Py_None;
     }
-    if (!THPVariable_Check(v)) return BAIL;
+    if (!THPVariable_Check(v)) {
+      if (PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyComplex_CheckExact(v) || PyBool_Check(v))
+        return number_for_tensor(v);
+      return BAIL;
+    }
     const at::Tensor& t = THPVariable_Unpack(v);
     if (t.is_conj() || t.is_neg()) return BAIL;
     PyObject* st;
@@ -131,10 +141,28 @@ struct Scan {
     if (k == nullptr) return nullptr;
     PyObject* a = PyDict_GetItemWithError(g_scalars, k);  // borrowed
     Py_DECREF(k);
-    if (a == nullptr) return PyErr_Occurred() ? nullptr : BAIL;
-    if (PyList_Append(dyns, a) < 0) return nullptr;
+    if (a == nullptr) {
+      if (PyErr_Occurred()) return nullptr;
+      a = PyObject_CallOneArg(g_make_scalar, v);  // a new value (a learning rate's next)
+      if (a == nullptr) return nullptr;
+      const int rc = PyList_Append(dyns, a);
+      Py_DECREF(a);
+      if (rc < 0) return nullptr;
+    } else if (PyList_Append(dyns, a) < 0) {
+      return nullptr;
+    }
     Py_INCREF(type);
     return type;
+  }
+
+  // A Python number where the schema has a Tensor (torch passes a wrapped number so, as
+  // in `x + 1e-6`): ("#", its type), its device scalar into dyns.
+  PyObject* number_for_tensor(PyObject* v) {
+    PyObject* type = number(v);
+    if (type == nullptr || type == BAIL) return type;
+    PyObject* part = PyTuple_Pack(2, g_hash, type);
+    Py_DECREF(type);
+    return part;
   }
 
   PyObject* scalar(PyObject* v) {
@@ -206,13 +234,20 @@ PyObject* hashable(PyObject* v) {
   return out;
 }
 
-// Whether two of the mutated arguments' records are one storage's (their writes must
-// chain: Python's scan handles that).
-bool shares_storage(PyObject* recs) {
-  const Py_ssize_t n = PyList_GET_SIZE(recs);
-  for (Py_ssize_t i = 0; i < n; ++i)
-    for (Py_ssize_t j = i + 1; j < n; ++j)
-      if (PyList_GET_ITEM(recs, i) == PyList_GET_ITEM(recs, j)) return true;
+bool is_member(PyObject* ints, Py_ssize_t i) {
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(ints); ++k)
+    if (PyLong_AsSsize_t(PyTuple_GET_ITEM(ints, k)) == i) return true;
+  return false;
+}
+
+// Whether two of the mutated tensors' records (at positions `mut` of `recs`, the records of
+// every tensor argument) are one storage's: their writes must chain (Python's scan
+// handles that). A mutated tensor sharing with one only read is fine: reads see the
+// values from before the op, as the lowering computes them.
+bool shares_storage(PyObject* recs, const std::vector<Py_ssize_t>& mut) {
+  for (size_t i = 0; i < mut.size(); ++i)
+    for (size_t j = i + 1; j < mut.size(); ++j)
+      if (PyList_GET_ITEM(recs, mut[i]) == PyList_GET_ITEM(recs, mut[j])) return true;
   return false;
 }
 
@@ -291,7 +326,9 @@ PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals) {
     return nullptr;
   }
   PyObject* kinds = PyTuple_GET_ITEM(spec, 0);
-  const bool mutable_ = PyTuple_GET_ITEM(spec, 1) == Py_True;
+  PyObject* mutated = PyTuple_GET_ITEM(spec, 1);  // indices of the arguments the op writes
+  const bool mutable_ = PyTuple_GET_SIZE(mutated) > 0;
+  std::vector<Py_ssize_t> mut_recs;  // positions in s.recs of the written tensors' records
   const bool python_only = PyTuple_GET_ITEM(spec, 2) == Py_True;
   const Py_ssize_t n = PyList_GET_SIZE(vals);
   if (python_only || PyTuple_GET_SIZE(kinds) < n) Py_RETURN_NONE;
@@ -304,6 +341,7 @@ PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals) {
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* v = PyList_GET_ITEM(vals, i);
     PyObject* p;
+    const Py_ssize_t recs_before = mutable_ ? PyList_GET_SIZE(s.recs) : 0;
     switch (PyLong_AsLong(PyTuple_GET_ITEM(kinds, i))) {
       case TENSOR:
       case OPT_TENSOR:
@@ -335,8 +373,10 @@ PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals) {
       goto done;
     }
     PyTuple_SET_ITEM(parts, i, p);
+    if (mutable_ && is_member(mutated, i))
+      for (Py_ssize_t r = recs_before; r < PyList_GET_SIZE(s.recs); ++r) mut_recs.push_back(r);
   }
-  if (s.recs != nullptr && shares_storage(s.recs)) {
+  if (s.recs != nullptr && shares_storage(s.recs, mut_recs)) {
     bail = true;
     goto done;
   }
@@ -358,20 +398,25 @@ done:
 
 namespace {
 
-// setup(attr, scalars): the storage attribute's name and opcall's device-scalar cache.
+// setup(attr, scalars, make_scalar): the storage attribute's name, opcall's device-scalar
+// cache and the function that fills it.
 PyObject* setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyDict_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "setup(attr: str, scalars: dict)");
+  if (nargs != 3 || !PyUnicode_Check(args[0]) || !PyDict_Check(args[1]) || !PyCallable_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "setup(attr: str, scalars: dict, make_scalar: callable)");
     return nullptr;
   }
   Py_XDECREF(g_record_attr);
   Py_XDECREF(g_scalars);
+  Py_XDECREF(g_make_scalar);
   Py_INCREF(args[0]);
   Py_INCREF(args[1]);
+  Py_INCREF(args[2]);
   g_record_attr = args[0];
   g_scalars = args[1];
+  g_make_scalar = args[2];
   if (g_cspec == nullptr) g_cspec = PyUnicode_InternFromString("cspec");
   if (g_eq == nullptr) g_eq = PyUnicode_InternFromString("=");
+  if (g_hash == nullptr) g_hash = PyUnicode_InternFromString("#");
   Py_RETURN_NONE;
 }
 
@@ -462,7 +507,7 @@ namespace {
 
 PyMethodDef g_methods[] = {
     {"scan_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(setup)), METH_FASTCALL,
-     "scan_setup(attr, scalars): the storage attribute's name and the device-scalar cache"},
+     "scan_setup(attr, scalars, make_scalar): the storage attribute, the device-scalar cache and its filler"},
     {"normalize", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(normalize)), METH_FASTCALL,
      "normalize(plan, args, kwargs) -> the argument values in schema order, defaults filled in"},
     {"scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(scan)), METH_FASTCALL,

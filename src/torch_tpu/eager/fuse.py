@@ -3,50 +3,52 @@
 Steps:
   plan            (C: _C.flush_plan, one pass over the nodes) number the nodes; map every
                   input to an external buffer or a node output; keep as outputs only the
-                  values a live storage still holds (dead intermediates never get a buffer)
-  graph_key       op entries + wiring + outputs + scalar types: tensor data and scalar
-                  values are parameters, so a changing learning rate does not recompile
+                  values a live storage still holds (dead intermediates never get a buffer);
+                  pick the external buffers the graph overwrote and nobody else holds,
+                  to donate (XLA writes results in place: peak memory)
+  graph key       op entries + wiring + outputs + scalar types + donations, as bytes:
+                  tensor data and scalar values are parameters, so a changing learning
+                  rate does not recompile
   lookup/compile  one jax.jit per key; a miss explains what differed from the last graph
                   with the same ops (the recompile reason in metrics)
-  run             external buffers overwritten by the graph are donated to cut peak memory
-  write_back      results become the storages' buffers
+  run, write back the results become the storages' buffers
 """
 from __future__ import annotations
 
-import collections
 import os
-import sys
 import time
 
 import jax
 
-from .. import _C, _storage, metrics
+from .. import _C, metrics
 
-_ATTR = _storage.ATTR
 _CACHE: dict = {}
 _LAST_BY_OPS: dict = {}   # op sequence -> last key compiled for it (recompile reasons)
 recompile_reasons = metrics.recompile_reasons
 _DONATE = os.environ.get("TORCH_TPU_DONATE", "1") not in ("", "0")
 
 
-def donations(ext, storages):
-    """Indices of external buffers the graph overwrote and nothing else holds: donating
-    them lets XLA write results in place (an optimizer step would otherwise hold old and
-    new weights and state at once). Called once the pending nodes have dropped their
-    inputs, so a buffer whose only reference left is `ext` belongs to nobody else: not to
-    a live storage, not to an array a caller kept, not to a storage sharing it. XLA reuses
-    a donated buffer only for an output of its size and dtype: one per output at most."""
-    free = collections.Counter(getattr(st, _ATTR)[1:] for st in storages)
-    out = []
-    for j in range(len(ext)):
-        b = ext[j]
-        # references: the ext list, `b`, getrefcount's argument
-        if sys.getrefcount(b) == 3:
-            k = (b.size, b.dtype)
-            if free[k] > 0:
-                free[k] -= 1
-                out.append(j)
-    return tuple(out)
+_OUT_BITS = 20  # csrc/graph.cpp: a node output is (node << 20 | output)
+
+
+def _decode(key):
+    """The graph key (csrc/graph.cpp flush_plan) -> (wiring, out_refs, dyn types,
+    donated): per node its inputs, each an ext index or a (node, output) pair."""
+    a = memoryview(key).cast("q")
+    pos = 1
+    wiring = []
+    for _ in range(a[0]):
+        nb = a[pos + 1]
+        ins = a[pos + 2:pos + 2 + nb]
+        wiring.append(tuple(x if x >= 0 else divmod(~x, 1 << _OUT_BITS) for x in ins))
+        pos += 2 + nb
+    parts = []
+    for _ in range(3):
+        n = a[pos]
+        parts.append(tuple(a[pos + 1:pos + 1 + n]))
+        pos += 1 + n
+    outs, dyn_types, donated = parts
+    return tuple(wiring), tuple(divmod(o, 1 << _OUT_BITS) for o in outs), dyn_types, donated
 
 
 def _build(nodes, wiring, out_refs, next_):
@@ -70,25 +72,28 @@ def _build(nodes, wiring, out_refs, next_):
     return fused
 
 
-def _explain(nodes, key):
-    """Why a graph with the same ops as an earlier one compiled again."""
+def _explain(nodes, parts):
+    """Why a graph with the same ops as an earlier one compiled again. `parts`: the
+    decoded key (wiring, outputs, scalar types, donated buffers)."""
     ops = tuple(n.entry.key[0] for n in nodes)
     prev = _LAST_BY_OPS.get(ops)
-    _LAST_BY_OPS[ops] = (key, [n.entry.key for n in nodes])
+    _LAST_BY_OPS[ops] = (parts, [n.entry.key for n in nodes])
     if prev is None:
         return
-    prev_key, prev_entries = prev
+    prev_parts, prev_entries = prev
     for i, (a, b) in enumerate(zip(prev_entries, (n.entry.key for n in nodes))):
         if a != b:
             reason = f"op {i} ({a[0]}): arguments changed from {a[1]} to {b[1]}"
             break
     else:
-        if prev_key[1] != key[1]:
+        if prev_parts[0] != parts[0]:
             reason = "same ops, different data flow between them"
-        elif prev_key[2] != key[2]:
+        elif prev_parts[1] != parts[1]:
             reason = "same ops, different set of values kept alive after the graph"
-        else:
+        elif prev_parts[2] != parts[2]:
             reason = "scalar argument types changed"
+        else:
+            reason = "same ops, different input buffers free to donate"
     recompile_reasons.append(reason)
     metrics.count("fused_recompiles")
 
@@ -105,17 +110,17 @@ def _user_line(where):
 
 
 def flush(nodes) -> None:
-    # wire + choose outputs, in C (one pass each over the nodes); from here on only `ext`
-    # holds the inputs
-    wiring, ext, dyns, entries, dyn_types, out_refs, storages = _C.flush_plan(nodes)
-    donate = donations(ext, storages) if _DONATE else ()
-    key = (entries, wiring, out_refs, dyn_types, donate)  # the graph key
-    fn = _CACHE.get(key)
-    if fn is None:
+    # wire, choose outputs and donations, key the graph: in C, one pass over the nodes;
+    # from here on only `ext` holds the inputs
+    key, ext, dyns, storages, donate = _C.flush_plan(nodes, _DONATE)
+    hit = _CACHE.get(key)
+    if hit is None:
         t0 = time.perf_counter()
-        _explain(nodes, key)
+        wiring, out_refs, _, _ = parts = _decode(key)
+        _explain(nodes, parts)
         fn = jax.jit(_build(nodes, wiring, out_refs, len(ext)), donate_argnums=donate)
-        _CACHE[key] = fn
+        # the key names entries by id: holding them keeps the ids theirs
+        _CACHE[key] = hit = (fn, [n.entry for n in nodes])
         metrics.count("fused_graphs_compiled")
         metrics.compile_seconds[0] += time.perf_counter() - t0
     else:
@@ -123,17 +128,23 @@ def flush(nodes) -> None:
     metrics.count("fused_nodes", len(nodes))
     metrics.count("fused_donated_buffers", len(donate))
     try:
-        results = fn(*ext, *dyns)
+        results = hit[0](*ext, *dyns)
     except _NodeError as e:
         node = nodes[e.index]
         raise RuntimeError(
             f"{node.entry.key[0]} (recorded at {_user_line(node.frame)}) failed while "
             f"flushing a DeferAndFuse graph: {e.error}") from e.error
-    for st, arr in zip(storages, results):
-        rec = getattr(st, _ATTR)
-        setattr(st, _ATTR, (arr, rec[1], rec[2]))
-        _storage.realized(st)
+    _C.replace_buffers(storages, _indices(len(storages)), results)
     for node in nodes:  # break the node <-> Lazy cycles: refcounting frees them now
         node.frame = None
         node.outs = None
 
+
+_RANGES: dict = {}
+
+
+def _indices(n):
+    r = _RANGES.get(n)
+    if r is None:
+        r = _RANGES[n] = list(range(n))
+    return r

@@ -68,7 +68,7 @@ def _hashable(v):
 scan_fast = _C.scan  # (plan, vals) -> OpPlan.scan's result, or None: see OpPlan.scan
 # (plan, args, kwargs) -> vals: the argument values in schema order, defaults filled in
 normalize = _C.normalize
-_C.scan_setup(_storage.ATTR, _SCALARS)
+_C.scan_setup(_storage.ATTR, _SCALARS, device_scalar)
 
 
 class DeviceMismatchError(RuntimeError):
@@ -132,8 +132,9 @@ class OpPlan:
         self.cache = {}
         # like CUDA, advanced indexing of a device tensor takes index tensors on the host
         self.host_indices = schema.name in _HOST_INDEX_OPS
-        # what csrc/scan.cpp reads: (kinds, in-place?, Python scan only?, npos, names, defaults)
-        self.cspec = (self.kinds, bool(self.mutable), self.seeded or self.factory,
+        # what csrc/scan.cpp reads: (kinds, written argument indices, Python scan only?, npos,
+        # names, defaults)
+        self.cspec = (self.kinds, self.mutable, self.seeded or self.factory,
                       self.npos, self.names, self.defaults)
 
     def __repr__(self):
@@ -148,16 +149,20 @@ class OpPlan:
 
         The executors call `scan_fast` (csrc/scan.cpp) first: the same key for the common
         case in C, None for what only this Python handles (first touch of a storage,
-        other devices, conj/neg views, seeded ops, factories, shared mutated storages)."""
+        other devices, conj/neg views, seeded ops, factories, a storage written through two
+        arguments)."""
         parts = []
         bufs = []
         dyns = []
-        # in-place ops: the storage records, to find two mutated views of one storage
+        # in-place ops: every tensor's storage record, to find two written views of one
+        # storage (`written`: their positions in recs)
         recs = [] if self.mutable else None
+        written = []
         kinds = self.kinds
         gen = None
         for i, v in enumerate(vals):
             k = kinds[i]
+            before = len(recs) if recs is not None else 0
             if k == STATIC:
                 parts.append(_hashable(v))
             elif k <= OPT_TENSOR:
@@ -182,6 +187,8 @@ class OpPlan:
             else:
                 gen = v
                 parts.append(None)
+            if recs is not None and i in self.mutable:
+                written.extend(range(before, len(recs)))
         if self.seeded:
             if gen is None:
                 gen = default_generator()
@@ -195,11 +202,13 @@ class OpPlan:
         if self.factory:
             # dtype=None factories follow torch.get_default_dtype()
             parts.append(torch.get_default_dtype())
-        if recs is not None and len(recs) > 1:
+        if len(written) > 1:
             ids = [id(r) for r in recs]
-            if len(set(ids)) < len(ids):
-                # buffers shared by several arguments (views of one storage, as in
-                # _foreach_copy_ into slices of one flat buffer): their writes must chain
+            if len({ids[j] for j in written}) < len(written):
+                # one storage written through several arguments (views of one storage, as
+                # in _foreach_copy_ into slices of one flat buffer): the writes must chain.
+                # (A storage written and also read through another argument needs nothing:
+                # reads see the values from before the op.)
                 first: dict = {}
                 shared = tuple(first.setdefault(x, b) for b, x in enumerate(ids))
                 return (self, tuple(parts), shared), bufs, dyns
