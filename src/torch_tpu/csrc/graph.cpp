@@ -344,13 +344,16 @@ PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 //   `ext`, the distinct external buffers) or to an earlier node's output; node.bufs
 //   dropped, so that from here on only `ext` holds the inputs; the values a live storage
 //   still holds become the graph's outputs, in the order of `storages`.
+//   dyns: the distinct scalar objects the nodes take (a cached device scalar is one object
+//   per value: AdamW's per-parameter lists repeat one bias correction), each passed once.
 //   donated: indices of external buffers the graph overwrote and nothing else holds
 //   (their only reference left is `ext`), at most one per output of the same length and
 //   dtype (XLA reuses a donated buffer only for such an output).
 //   key: the graph's identity as bytes of int64 (hashed and compared at memcmp speed;
 //   fuse.py decodes it when the graph is new):
 //     n_nodes, per node (entry id, n_inputs, input...), n_outputs, output...,
-//     n_dyns, dyn type id..., n_donated, donated...
+//     n_slots, the index in dyns of each node's scalars in order..., n_dyns,
+//     dyn type id..., n_donated, donated...
 //   where an input is an ext index (>= 0) or ~(node << 20 | output), an output is
 //   (node << 20 | output), and a dyn type is the id of the scalar's dtype (or Python
 //   type: seeds and offsets). Entries stay alive in their plan's cache, dtypes and types
@@ -377,6 +380,8 @@ PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   key.reserve(8 * n + 64);
   key.push_back(n);
   std::unordered_map<PyObject*, int64_t> ext_index;
+  std::unordered_map<PyObject*, int64_t> dyn_index;  // the distinct scalar objects
+  std::vector<int64_t> dyn_slots;                     // each node's scalars, in order
   // (length, dtype) of each output, and how many of them no donated buffer took yet
   std::vector<std::tuple<PyObject*, PyObject*, int64_t>> free_slots;
   PyObject* ext = PyList_New(0);
@@ -409,8 +414,16 @@ PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       }
       key.push_back(it->second);
     }
-    const Py_ssize_t nd = PyList_GET_SIZE(dyns);
-    if (PyList_SetSlice(dyns, nd, nd, node->dyns) < 0) goto done;  // extend
+    const Py_ssize_t nd = PyList_GET_SIZE(node->dyns);
+    for (Py_ssize_t k = 0; k < nd; ++k) {
+      PyObject* d = PyList_GET_ITEM(node->dyns, k);
+      auto it = dyn_index.find(d);
+      if (it == dyn_index.end()) {
+        it = dyn_index.emplace(d, PyList_GET_SIZE(dyns)).first;
+        if (PyList_Append(dyns, d) < 0) goto done;
+      }
+      dyn_slots.push_back(it->second);
+    }
     Py_INCREF(Py_None);
     Py_SETREF(node->bufs, Py_None);
   }
@@ -452,6 +465,8 @@ PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   key.push_back(static_cast<int64_t>(outs.size()));
   key.insert(key.end(), outs.begin(), outs.end());
+  key.push_back(static_cast<int64_t>(dyn_slots.size()));
+  key.insert(key.end(), dyn_slots.begin(), dyn_slots.end());
   {
     const Py_ssize_t nd = PyList_GET_SIZE(dyns);
     key.push_back(nd);

@@ -6,9 +6,11 @@ Steps:
                   values a live storage still holds (dead intermediates never get a buffer);
                   pick the external buffers the graph overwrote and nobody else holds,
                   to donate (XLA writes results in place: peak memory)
-  graph key       op entries + wiring + outputs + scalar types + donations, as bytes:
-                  tensor data and scalar values are parameters, so a changing learning
-                  rate does not recompile
+  graph key       op entries + wiring + outputs + scalar slots and types + donations, as
+                  bytes: tensor data and scalar values are parameters, so a changing
+                  learning rate does not recompile. Equal scalars (one cached object per
+                  value) are passed once, which slots share one is in the key: scalars
+                  that become equal (a bias correction reaching 1.0) recompile once
   lookup/compile  one jax.jit per key; a miss explains what differed from the last graph
                   with the same ops (the recompile reason in metrics)
   run, write back the results become the storages' buffers
@@ -32,8 +34,9 @@ _OUT_BITS = 20  # csrc/graph.cpp: a node output is (node << 20 | output)
 
 
 def _decode(key):
-    """The graph key (csrc/graph.cpp flush_plan) -> (wiring, out_refs, dyn types,
-    donated): per node its inputs, each an ext index or a (node, output) pair."""
+    """The graph key (csrc/graph.cpp flush_plan) -> (wiring, out_refs, dyn slots, dyn
+    types, donated): per node its inputs, each an ext index or a (node, output) pair;
+    the index of each node scalar (in node order) among the distinct ones passed."""
     a = memoryview(key).cast("q")
     pos = 1
     wiring = []
@@ -43,27 +46,27 @@ def _decode(key):
         wiring.append(tuple(x if x >= 0 else divmod(~x, 1 << _OUT_BITS) for x in ins))
         pos += 2 + nb
     parts = []
-    for _ in range(3):
+    for _ in range(4):
         n = a[pos]
         parts.append(tuple(a[pos + 1:pos + 1 + n]))
         pos += 1 + n
-    outs, dyn_types, donated = parts
-    return tuple(wiring), tuple(divmod(o, 1 << _OUT_BITS) for o in outs), dyn_types, donated
+    outs, dyn_slots, dyn_types, donated = parts
+    outs = tuple(divmod(o, 1 << _OUT_BITS) for o in outs)
+    return tuple(wiring), outs, dyn_slots, dyn_types, donated
 
 
-def _build(nodes, wiring, out_refs, next_):
+def _build(nodes, wiring, out_refs, dyn_slots, next_):
     raws = [n.entry.raw for n in nodes]
     ndyn = [len(n.dyns) for n in nodes]
-    names = [n.entry.key[0] for n in nodes]
 
     def fused(*args):
         ext, dyns = args[:next_], args[next_:]
         vals = []
         d = 0
-        for raw, w, nd, name in zip(raws, wiring, ndyn, names):
+        for raw, w, nd in zip(raws, wiring, ndyn):
             ins = [ext[x] if type(x) is int else vals[x[0]][x[1]] for x in w]
             try:
-                vals.append(raw(*ins, *dyns[d:d + nd]))
+                vals.append(raw(*ins, *[dyns[j] for j in dyn_slots[d:d + nd]]))
             except Exception as e:  # name the op; the user's line is added by flush()
                 raise _NodeError(len(vals), e) from e
             d += nd
@@ -74,7 +77,7 @@ def _build(nodes, wiring, out_refs, next_):
 
 def _explain(nodes, parts):
     """Why a graph with the same ops as an earlier one compiled again. `parts`: the
-    decoded key (wiring, outputs, scalar types, donated buffers)."""
+    decoded key (wiring, outputs, scalar slots, scalar types, donated buffers)."""
     ops = tuple(n.entry.key[0] for n in nodes)
     prev = _LAST_BY_OPS.get(ops)
     _LAST_BY_OPS[ops] = (parts, [n.entry.key for n in nodes])
@@ -91,6 +94,9 @@ def _explain(nodes, parts):
         elif prev_parts[1] != parts[1]:
             reason = "same ops, different set of values kept alive after the graph"
         elif prev_parts[2] != parts[2]:
+            reason = ("same ops, scalar arguments equal in value differently (scalars of "
+                      "equal value are passed once)")
+        elif prev_parts[3] != parts[3]:
             reason = "scalar argument types changed"
         else:
             reason = "same ops, different input buffers free to donate"
@@ -116,9 +122,10 @@ def flush(nodes) -> None:
     hit = _CACHE.get(key)
     if hit is None:
         t0 = time.perf_counter()
-        wiring, out_refs, _, _ = parts = _decode(key)
+        wiring, out_refs, dyn_slots, _, _ = parts = _decode(key)
         _explain(nodes, parts)
-        fn = jax.jit(_build(nodes, wiring, out_refs, len(ext)), donate_argnums=donate)
+        fn = jax.jit(_build(nodes, wiring, out_refs, dyn_slots, len(ext)),
+                     donate_argnums=donate)
         # the key names entries by id: holding them keeps the ids theirs
         _CACHE[key] = hit = (fn, [n.entry for n in nodes])
         metrics.count("fused_graphs_compiled")
