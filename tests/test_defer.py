@@ -280,6 +280,51 @@ def test_views_and_inplace_match_strict():
     assert all(torch.equal(a, b) for a, b in zip(strict, defer))
 
 
+def test_scalars_passed_once_per_value_and_changing_values_reuse_the_graph():
+    """Equal scalars (one cached device scalar per value) enter a fused graph once; new
+    values (a learning rate schedule) reuse the graph; values that become equal to another
+    slot's compile once more, with that reason."""
+    def work(a, b):
+        x = torch.arange(6.0, device="tpu")
+        y = x * a + x * a + 1e-6  # `+ 1e-6`: a number passed for a tensor
+        z = x * b
+        return (y + z).cpu(), (torch.arange(6.0) * (2 * a + b) + 1e-6)
+
+    with torch_tpu.eager_mode(DEFER):
+        work(0.5, 3.0)
+        before = metrics.counters["fused_graphs_compiled"]
+        for a, b in ((0.25, 1.5), (0.75, 2.5), (1.25, 0.5)):
+            got, want = work(a, b)
+            torch.testing.assert_close(got, want)
+        assert metrics.counters["fused_graphs_compiled"] == before
+        got, want = work(0.5, 0.5)  # the two scalars now share one object
+        torch.testing.assert_close(got, want)
+    assert metrics.counters["fused_graphs_compiled"] == before + 1
+    assert "scalar arguments equal in value differently" in fuse.recompile_reasons[-1]
+
+
+def test_inplace_writes_through_shared_storages():
+    """An in-place op reading the storage it writes (`x.add_(x)`, AdamW's
+    `_foreach_addcmul_(v, g, g)`) and one writing two views of one storage match CPU in
+    every mode."""
+    def work(device):
+        base = torch.arange(8.0, device=device)
+        x = base.clone()
+        x.add_(x)
+        vs = [base.clone(), base[:4].clone()]
+        gs = [base * 0.5, base[:4] + 1]
+        torch._foreach_addcmul_(vs, gs, gs, 0.1)
+        w = base.clone()  # two views of one storage written by one op
+        torch._foreach_add_([w[:4], w[4:]], [base[:4], base[4:] * 2])
+        return [t.cpu() for t in (x, *vs, w)]
+
+    want = work("cpu")
+    for mode in (torch_tpu.EagerMode.STRICT, DEFER):
+        with torch_tpu.eager_mode(mode):
+            for g, e in zip(work("tpu"), want):
+                torch.testing.assert_close(g, e)
+
+
 def test_mode_api():
     assert torch_tpu.get_eager_mode() is torch_tpu.EagerMode.STRICT
     assert torch_tpu.EagerMode.DEFER_NEVER is torch_tpu.EagerMode.STRICT

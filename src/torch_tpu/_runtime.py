@@ -88,15 +88,22 @@ def to_device(cpu: torch.Tensor) -> jax.Array:
     """A contiguous CPU tensor -> a flat, device-owned XLA buffer (always a copy)."""
     dtype = cpu.dtype
     jdt = jax_dtype(dtype)
+    if cpu.is_conj() or cpu.is_neg():  # lazy conj()/neg views: their values
+        cpu = cpu.resolve_conj().resolve_neg()
+    if cpu.numel() == 0:  # (transformers' caches start from torch.tensor([]) each step)
+        empty = _EMPTY.get(jdt)
+        if empty is None:
+            empty = _EMPTY[jdt] = _uploader()(np.zeros(0, jdt))
+        return empty
     carrier = _HOST_CARRIER.get(dtype)
-    src = cpu.resolve_conj().resolve_neg().reshape(-1)  # lazy conj()/neg views: their values
-    if carrier is not None:
-        host = src.view(carrier).numpy().view(jdt)
-    else:
-        host = src.numpy()
+    cpu = cpu.detach()  # (a kernel's argument may still carry requires_grad)
+    host = cpu.view(carrier).numpy().view(jdt) if carrier is not None else cpu.numpy()
     # the transfer may alias host memory on XLA:CPU; a private copy keeps the torch
     # tensor and the XLA buffer independent.
-    return _uploader()(np.array(host, copy=True))
+    return _uploader()(np.array(host, copy=True).reshape(-1))
+
+
+_EMPTY: dict = {}  # jax dtype -> its zero-length buffer (immutable: shared)
 
 
 _UPLOADER = None
