@@ -168,10 +168,16 @@ def copy_(self, src, non_blocking=False):
                 _storage.set_buffer(self.untyped_storage(), _runtime.to_device(src.contiguous()))
                 return self
             src = _upload(src)
-        return run(torch.ops.aten.copy_.default, (self, src, non_blocking), {})
+        return _copy_kernel()(self, src, non_blocking)
     # tpu -> cpu
     self.copy_(to_cpu(src))
     return self
+
+
+@functools.cache
+def _copy_kernel():
+    """tpu -> tpu copy_: the lowered op's C kernel (see _kernel)."""
+    return _kernel(plan_for(torch.ops.aten.copy_.default))
 
 
 def _copy_from(self, dst, non_blocking=False):
