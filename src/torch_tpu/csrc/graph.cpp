@@ -19,8 +19,9 @@
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <tuple>
+#include <map>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace torch_tpu {
@@ -382,8 +383,8 @@ PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   std::unordered_map<PyObject*, int64_t> ext_index;
   std::unordered_map<PyObject*, int64_t> dyn_index;  // the distinct scalar objects
   std::vector<int64_t> dyn_slots;                     // each node's scalars, in order
-  // (length, dtype) of each output, and how many of them no donated buffer took yet
-  std::vector<std::tuple<PyObject*, PyObject*, int64_t>> free_slots;
+  // outputs no donated buffer took yet, by (length, dtype): numpy's dtypes are singletons
+  std::map<std::pair<int64_t, PyObject*>, int64_t> free_slots;
   PyObject* ext = PyList_New(0);
   PyObject* dyns = PyList_New(0);
   PyObject* storages = PyList_New(0);
@@ -444,19 +445,8 @@ PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       }
       const bool live = PyTuple_Check(rec) && PyTuple_GET_SIZE(rec) == 3 &&
                         PyTuple_GET_ITEM(rec, 0) == reinterpret_cast<PyObject*>(l);
-      if (live && donate) {
-        PyObject* len = PyTuple_GET_ITEM(rec, 1);
-        PyObject* dt = PyTuple_GET_ITEM(rec, 2);
-        bool found = false;
-        for (auto& [flen, fdt, count] : free_slots) {
-          if (PyObject_RichCompareBool(fdt, dt, Py_EQ) == 1 && PyObject_RichCompareBool(flen, len, Py_EQ) == 1) {
-            ++count;
-            found = true;
-            break;
-          }
-        }
-        if (!found) free_slots.emplace_back(len, dt, 1);  // borrowed: `storages` keeps them
-      }
+      if (live && donate)
+        ++free_slots[{PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 1)), PyTuple_GET_ITEM(rec, 2)}];
       Py_DECREF(rec);
       if (!live) continue;
       outs.push_back((i << kOutBits) | l->idx);
@@ -499,24 +489,16 @@ PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         Py_XDECREF(size);
         goto done;
       }
-      for (auto& [flen, fdt, count] : free_slots) {
-        if (count > 0 && PyObject_RichCompareBool(fdt, dt, Py_EQ) == 1 &&
-            PyObject_RichCompareBool(flen, size, Py_EQ) == 1) {
-          --count;
-          key.push_back(j);
-          PyObject* jj = PyLong_FromSsize_t(j);
-          const int rc = jj ? PyList_Append(donated, jj) : -1;
-          Py_XDECREF(jj);
-          if (rc < 0) {
-            Py_DECREF(size);
-            Py_DECREF(dt);
-            goto done;
-          }
-          break;
-        }
-      }
+      auto it = free_slots.find({PyLong_AsLongLong(size), dt});
       Py_DECREF(size);
-      Py_DECREF(dt);
+      Py_DECREF(dt);  // a singleton: the pointer stays valid as a key
+      if (it == free_slots.end()) continue;
+      if (--it->second == 0) free_slots.erase(it);
+      key.push_back(j);
+      PyObject* jj = PyLong_FromSsize_t(j);
+      const int rc = jj ? PyList_Append(donated, jj) : -1;
+      Py_XDECREF(jj);
+      if (rc < 0) goto done;
     }
     key[at] = static_cast<int64_t>(key.size() - at - 1);
   }
@@ -534,6 +516,25 @@ done:
   Py_XDECREF(storages);
   Py_XDECREF(donated);
   return result;
+}
+
+// release(nodes): after a flush, drop each node's frame and outputs, breaking the
+// node <-> Lazy cycles so that refcounting frees them now.
+PyObject* release(PyObject*, PyObject* nodes) {
+  if (!PyList_Check(nodes)) {
+    PyErr_SetString(PyExc_TypeError, "release(nodes: list)");
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); ++i) {
+    PyObject* o = PyList_GET_ITEM(nodes, i);
+    if (Py_TYPE(o) != g_node_type) continue;
+    auto* node = reinterpret_cast<NodeObject*>(o);
+    Py_INCREF(Py_None);
+    Py_SETREF(node->frame, Py_None);
+    Py_INCREF(Py_None);
+    Py_SETREF(node->outs, Py_None);
+  }
+  Py_RETURN_NONE;
 }
 
 // ------------------------------------------------------------ after a compiled program
@@ -584,6 +585,7 @@ PyMethodDef g_methods[] = {
      "record(nodes, entry, bufs, dyns, vals) -> the op's result: appends its pending Node"},
     {"flush_plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(flush_plan)), METH_FASTCALL,
      "flush_plan(nodes, donate) -> (key, ext, dyns, storages, donated)"},
+    {"release", release, METH_O, "release(nodes): drop flushed nodes' frames and outputs"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

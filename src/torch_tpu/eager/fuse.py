@@ -142,9 +142,7 @@ def flush(nodes) -> None:
             f"{node.entry.key[0]} (recorded at {_user_line(node.frame)}) failed while "
             f"flushing a DeferAndFuse graph: {e.error}") from e.error
     _C.replace_buffers(storages, _indices(len(storages)), results)
-    for node in nodes:  # break the node <-> Lazy cycles: refcounting frees them now
-        node.frame = None
-        node.outs = None
+    _C.release(nodes)  # break the node <-> Lazy cycles: refcounting frees them now
 
 
 _RANGES: dict = {}
