@@ -120,13 +120,20 @@ def materialize(t: torch.Tensor, reason: str = "read") -> jax.Array:
     DeferAndFuse flush trigger in metrics."""
     modes.flush_pending(reason)
     buf, n, bdt = _storage.record(t.untyped_storage(), t.dtype)
-    shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
     if t.is_conj() or t.is_neg():  # a lazy conj()/neg view: resolve it on the device
         t = t.resolve_conj().resolve_neg()
         return materialize(t, reason)
-    if offset == 0 and n == t.numel() and bdt == _runtime.jax_dtype(t.dtype) and t.is_contiguous():
+    shape = tuple(t.shape)
+    if _is_whole(t, n, bdt):
         return buf.reshape(shape)
-    return _materializer(shape, stride, offset, n, bdt, t.dtype)(buf)
+    return _materializer(shape, tuple(t.stride()), t.storage_offset(), n, bdt, t.dtype)(buf)
+
+
+def _is_whole(t, n, bdt) -> bool:
+    """Whether `t` is its storage's whole flat buffer (n elements of jax dtype bdt), in
+    order: its value is the buffer, reshaped."""
+    return (t.storage_offset() == 0 and n == t.numel() and bdt == _runtime.jax_dtype(t.dtype)
+            and t.is_contiguous())
 
 
 def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
@@ -138,8 +145,7 @@ def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
     metrics.count("device_to_host")
     modes.flush_pending(reason)
     buf, n, bdt = _storage.record(t.untyped_storage(), t.dtype)
-    if not (t.storage_offset() == 0 and n == t.numel() and bdt == _runtime.jax_dtype(t.dtype)
-            and t.is_contiguous() and not t.is_conj() and not t.is_neg()):
+    if t.is_conj() or t.is_neg() or not _is_whole(t, n, bdt):
         buf = materialize(t, reason)
     return _runtime.to_host(buf, t.dtype).reshape(t.shape)
 

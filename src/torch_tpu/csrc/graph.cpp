@@ -11,8 +11,8 @@
 // flush_plan(nodes, donate) numbers the nodes, wires the graph and keys it (fuse.flush's
 // first step).
 //
-// Also here: assemble (an op's return value, for Strict too) and replace_buffers (the
-// storages a compiled program wrote).
+// Also here: assemble (an op's return value, for Strict too), replace_buffers (the
+// storages a compiled program or a flush wrote) and release (flushed nodes).
 #include <Python.h>
 #include <structmember.h>
 
@@ -539,17 +539,19 @@ PyObject* release(PyObject*, PyObject* nodes) {
 
 // ------------------------------------------------------------ after a compiled program
 // replace_buffers(storages, indices, bufs): storages[indices[k]] now holds bufs[k] (same
-// length and dtype): the storages a compiled graph wrote (compile/program.py). A storage
-// whose buffer was still pending becomes real memory (_storage.set_buffer does the same).
+// length and dtype): the storages a compiled graph wrote (compile/program.py); indices
+// None: storages[k] holds bufs[k] (a DeferAndFuse flush's outputs). A storage whose buffer
+// was still pending becomes real memory (_storage.set_buffer does the same).
 PyObject* replace_buffers(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
-      PyList_GET_SIZE(args[2]) < PyList_GET_SIZE(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "replace_buffers(storages, indices, bufs: lists)");
+  const bool all = nargs == 3 && args[1] == Py_None;
+  if (nargs != 3 || !PyList_Check(args[0]) || !(all || PyList_Check(args[1])) || !PyList_Check(args[2]) ||
+      PyList_GET_SIZE(args[2]) < PyList_GET_SIZE(all ? args[0] : args[1])) {
+    PyErr_SetString(PyExc_TypeError, "replace_buffers(storages, indices or None, bufs: lists)");
     return nullptr;
   }
-  const Py_ssize_t n = PyList_GET_SIZE(args[1]);
+  const Py_ssize_t n = PyList_GET_SIZE(all ? args[0] : args[1]);
   for (Py_ssize_t k = 0; k < n; ++k) {
-    const Py_ssize_t j = PyLong_AsSsize_t(PyList_GET_ITEM(args[1], k));
+    const Py_ssize_t j = all ? k : PyLong_AsSsize_t(PyList_GET_ITEM(args[1], k));
     if (j < 0 || j >= PyList_GET_SIZE(args[0])) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "replace_buffers: storage index");
       return nullptr;
@@ -580,7 +582,7 @@ PyMethodDef g_methods[] = {
     {"assemble", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(assemble_py)), METH_FASTCALL,
      "assemble(structure, vals, fresh) -> the op's return value, per its schema's structure"},
     {"replace_buffers", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(replace_buffers)), METH_FASTCALL,
-     "replace_buffers(storages, indices, bufs): storages[indices[k]] now holds bufs[k]"},
+     "replace_buffers(storages, indices or None, bufs): storages[indices[k]] (or storages[k]) now holds bufs[k]"},
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(record)), METH_FASTCALL,
      "record(nodes, entry, bufs, dyns, vals) -> the op's result: appends its pending Node"},
     {"flush_plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(flush_plan)), METH_FASTCALL,

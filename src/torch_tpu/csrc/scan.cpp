@@ -42,7 +42,7 @@ enum Kind { TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIS
 
 PyObject* g_scalars = nullptr;  // opcall._SCALARS: (type, value) -> device scalar
 PyObject* g_make_scalar = nullptr;  // opcall.device_scalar: makes and caches a missing one
-PyObject* g_cspec = nullptr;    // "cspec": a plan's (kinds, mutable, python_only, npos, names, defaults)
+PyObject* g_cspec = nullptr;    // "cspec": a plan's (kinds, written indices, python_only, npos, names, defaults)
 PyObject* g_eq = nullptr;       // "=" (the key part of a None/bool scalar)
 PyObject* g_hash = nullptr;     // "#" (the key part of a number passed for a tensor)
 

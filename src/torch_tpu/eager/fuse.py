@@ -141,15 +141,5 @@ def flush(nodes) -> None:
         raise RuntimeError(
             f"{node.entry.key[0]} (recorded at {_user_line(node.frame)}) failed while "
             f"flushing a DeferAndFuse graph: {e.error}") from e.error
-    _C.replace_buffers(storages, _indices(len(storages)), results)
+    _C.replace_buffers(storages, None, results)
     _C.release(nodes)  # break the node <-> Lazy cycles: refcounting frees them now
-
-
-_RANGES: dict = {}
-
-
-def _indices(n):
-    r = _RANGES.get(n)
-    if r is None:
-        r = _RANGES[n] = list(range(n))
-    return r

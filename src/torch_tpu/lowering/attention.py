@@ -21,11 +21,12 @@ import math
 import jax
 import jax.numpy as jnp
 
+from .nn import _opmath
 from .registry import aten, lowering, never_draws
 
 
 def _scores(q, k, bias, is_causal, scale):
-    """(q, k) -> the masked, scaled logits (f32), and which of them take part."""
+    """(q, k) -> the scaled logits, -inf where the mask or causality excludes a key."""
     s = jnp.einsum("...qd,...kd->...qk", q, k) * scale
     keep = None
     if is_causal:
@@ -42,9 +43,8 @@ def _scores(q, k, bias, is_causal, scale):
 
 
 def _attend(q, k, v, bias, is_causal, scale):
-    """-> (out in f32, logsumexp over the keys)."""
-    opmath = jnp.float32 if q.dtype in (jnp.bfloat16, jnp.float16) else q.dtype
-    q, k, v = q.astype(opmath), k.astype(opmath), v.astype(opmath)
+    """-> (out, logsumexp over the keys), both in the compute dtype (_opmath's)."""
+    q, k, v = _opmath(q), _opmath(k), _opmath(v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     groups = q.shape[-3] // k.shape[-3]
@@ -88,8 +88,7 @@ def _sdpa_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out,
 
     bias_in = attn_bias if float_bias else jnp.zeros((), jnp.float32)
     _, vjp = jax.vjp(forward, query, key, value, bias_in)
-    gq, gk, gv, gb = vjp(grad_out.astype(jnp.float32 if query.dtype in (jnp.bfloat16, jnp.float16)
-                                         else query.dtype))
+    gq, gk, gv, gb = vjp(_opmath(grad_out))  # the forward's output dtype
     grads = [gq.astype(query.dtype), gk.astype(key.dtype), gv.astype(value.dtype)]
     if attn_bias is not None:  # torch's meta returns a gradient for any given mask
         grads.append(gb.astype(attn_bias.dtype) if float_bias else jnp.zeros_like(attn_bias))
