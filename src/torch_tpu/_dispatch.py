@@ -106,6 +106,9 @@ def _register(op, kernel, seen):
     if op.overloadpacket.__name__ in _CUSTOM or op in _FILLS or op in seen:
         return
     seen.add(op)
+    schema = op._schema
+    if isinstance(kernel, _C.OpKernel) and _C.register_op_kernel(schema.name, schema.overload_name, kernel):
+        return  # the dispatcher calls the C kernel with no Python holder (csrc/tpu_ext.cpp)
     _LIB.impl(op, kernel, "PrivateUse1")
 
 

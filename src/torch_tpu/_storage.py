@@ -39,7 +39,7 @@ def record(storage, dtype):
 
 def realized(storage) -> None:
     """Count the storage's bytes as device memory from now on (its buffer exists)."""
-    _C.mark_realized(storage.data_ptr())
+    _C.mark_realized(storage)
 
 
 def buffer(storage, dtype):

@@ -431,15 +431,17 @@ def _one_line(e: BaseException) -> str:
 
 # ---------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--train-rounds", type=int, default=12,
-                   help="interleaved training steps per variant (default 12)")
-    p.add_argument("--infer-rounds", type=int, default=5,
-                   help="interleaved generate calls per variant (default 5)")
+    # enough samples that a median is steady on a noisy shared machine (~1 min in all)
+    p.add_argument("--train-rounds", type=int, default=40,
+                   help="interleaved training steps per variant (default 40)")
+    p.add_argument("--infer-rounds", type=int, default=8,
+                   help="interleaved generate calls per variant (default 8)")
     p.add_argument("--new-tokens", type=int, default=Spec.new_tokens,
                    help=f"greedy tokens per generate call (default {Spec.new_tokens})")
     p.add_argument("--record-ops", type=int, default=1000,
                    help="ops in the recording-cost chain (default 1000)")
-    p.add_argument("--record-rounds", type=int, default=9)
+    p.add_argument("--record-rounds", type=int, default=21,
+                   help="interleaved rounds of the recording-cost chain (default 21)")
     p.add_argument("--models", default=",".join(KINDS), help="comma list of llama,qwen2")
     p.add_argument("--workloads", default=f"{TRAIN},{INFER}", help="comma list of train,infer")
     p.add_argument("--no-write", action="store_true",

@@ -24,11 +24,13 @@
 #include <utility>
 #include <vector>
 
+#include "slots.h"
+
 namespace torch_tpu {
 
 PyObject* empty_with_storage(PyObject*, PyObject* const* args, Py_ssize_t nargs);  // tpu_ext.cpp
 PyObject* user_line(PyObject*, PyObject*);                                          // scan.cpp
-void mark_realized(uint64_t ptr);  // tpu_ext.cpp: count the storage's bytes as device memory
+void mark_realized(const c10::Storage& storage);  // tpu_ext.cpp: count the storage's bytes as device memory
 extern PyObject* g_record_attr;  // scan.cpp: the storage attribute holding (buffer, length, dtype)
 
 namespace {
@@ -52,9 +54,10 @@ struct LazyObject {
 
 PyTypeObject* g_node_type = nullptr;
 PyTypeObject* g_lazy_type = nullptr;
-PyObject* g_names[6];  // Entry attributes fresh, out_recs, mut_slots, structure; "dtype", "size"
+PyObject* g_names[3];  // "fresh" (an assemble tag), "dtype", "size"
 
-enum { N_FRESH, N_OUT_RECS, N_MUT_SLOTS, N_STRUCTURE, N_DTYPE, N_SIZE };
+enum { N_FRESH, N_DTYPE, N_SIZE };
+SlotAttr g_fresh("fresh"), g_out_recs("out_recs"), g_mut_slots("mut_slots"), g_structure("structure");
 
 NodeObject* new_node(PyObject* entry, PyObject* bufs, PyObject* dyns, PyObject* frame) {
   auto* n = reinterpret_cast<NodeObject*>(g_node_type->tp_alloc(g_node_type, 0));
@@ -316,10 +319,10 @@ PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   NodeObject* node = new_node(entry, args[2], args[3], frame);
   Py_DECREF(frame);
   if (node == nullptr) return nullptr;
-  PyObject* specs = PyObject_GetAttr(entry, g_names[N_FRESH]);
-  PyObject* recs = PyObject_GetAttr(entry, g_names[N_OUT_RECS]);
-  PyObject* slots = PyObject_GetAttr(entry, g_names[N_MUT_SLOTS]);
-  PyObject* structure = PyObject_GetAttr(entry, g_names[N_STRUCTURE]);
+  PyObject* specs = g_fresh.get(entry);
+  PyObject* recs = g_out_recs.get(entry);
+  PyObject* slots = g_mut_slots.get(entry);
+  PyObject* structure = g_structure.get(entry);
   PyObject* fresh = PyList_New(0);
   PyObject* result = nullptr;
   if (specs != nullptr && recs != nullptr && slots != nullptr && structure != nullptr &&
@@ -564,7 +567,7 @@ PyObject* replace_buffers(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_DECREF(old);
     if (!ok) return nullptr;
     if (pending && THPStorage_Check(st))
-      mark_realized(reinterpret_cast<uint64_t>(THPStorage_Unpack(st).data()));
+      mark_realized(THPStorage_Unpack(st));
   }
   Py_RETURN_NONE;
 }
@@ -601,8 +604,8 @@ PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* 
 void add_graph_functions(PyObject* module) {
   g_node_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&node_spec));
   g_lazy_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&lazy_spec));
-  const char* names[] = {"fresh", "out_recs", "mut_slots", "structure", "dtype", "size"};
-  for (int i = 0; i < 6; ++i) g_names[i] = PyUnicode_InternFromString(names[i]);
+  const char* names[] = {"fresh", "dtype", "size"};
+  for (int i = 0; i < 3; ++i) g_names[i] = PyUnicode_InternFromString(names[i]);
   if (g_node_type == nullptr || g_lazy_type == nullptr ||
       PyModule_AddObject(module, "Node", reinterpret_cast<PyObject*>(g_node_type)) < 0 ||
       PyModule_AddObject(module, "Lazy", reinterpret_cast<PyObject*>(g_lazy_type)) < 0 ||

@@ -20,6 +20,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "slots.h"
+
 namespace torch_tpu {
 
 PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs);  // scan.cpp
@@ -157,9 +159,10 @@ PyObject* g_defer = nullptr;        // the DeferExecutor
 LoopObject* g_loop = nullptr;       // and its loop detector
 PyObject* g_counters = nullptr;     // metrics.counters
 PyObject* g_dispatch_counter = nullptr;  // its key there
-// attribute names: of the executor, and Entry.fn
-PyObject* g_str[6];
-enum { S_EXECUTE, S_NODES, S_IN_BACKWARD, S_GRAPH_STARTS, S_LOOP_FLUSH, S_FN };
+// method names of the executor
+PyObject* g_str[3];
+enum { S_EXECUTE, S_GRAPH_STARTS, S_LOOP_FLUSH };
+SlotAttr g_entry_fn("fn"), g_ex_nodes("nodes"), g_ex_in_backward("in_backward");
 
 PyObject* execute_in_python(PyObject* ex, PyObject* plan, PyObject* vals) {
   return PyObject_CallMethodObjArgs(ex, g_str[S_EXECUTE], plan, vals, nullptr);
@@ -194,13 +197,13 @@ PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
   Py_INCREF(entry);
   PyObject* result = nullptr;
   PyObject* nodes = nullptr;
-  PyObject* fn = PyObject_GetAttr(entry, g_str[S_FN]);
+  PyObject* fn = g_entry_fn.get(entry);
   if (fn == nullptr) goto done;
   if (fn == Py_None) {  // run at once (data-dependent shapes): execute flushes first
     result = NOT_HERE;
     goto done;
   }
-  nodes = PyObject_GetAttr(ex, g_str[S_NODES]);
+  nodes = g_ex_nodes.get(ex);
   if (nodes == nullptr) goto done;
   if (!PyList_Check(nodes)) {
     PyErr_SetString(PyExc_TypeError, "DeferExecutor.nodes must be a list");
@@ -214,7 +217,7 @@ PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
   if (!count_dispatch()) goto done;
   result = record_op(nodes, entry, PyTuple_GET_ITEM(scanned, 1), PyTuple_GET_ITEM(scanned, 2), vals);
   if (result != nullptr) {
-    PyObject* in_bw = PyObject_GetAttr(ex, g_str[S_IN_BACKWARD]);
+    PyObject* in_bw = g_ex_in_backward.get(ex);
     const int busy = in_bw == nullptr ? -1 : PyObject_IsTrue(in_bw);
     Py_XDECREF(in_bw);
     const int verdict = busy < 0 ? -1 : loop_push(g_loop, reinterpret_cast<uintptr_t>(entry), busy);
@@ -236,8 +239,9 @@ done:
   return result;
 }
 
-PyObject* kernel_call(PyObject* o, PyObject* args, PyObject* kwargs) {
-  auto* k = reinterpret_cast<KernelObject*>(o);
+// The op with its argument values in schema order: record it (DeferAndFuse, cached
+// entry) or hand it to the current executor's Python execute.
+PyObject* kernel_run(KernelObject* k, PyObject* vals) {
   if (g_executor_fn == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "OpKernel: kernel_setup was not called");
     return nullptr;
@@ -249,14 +253,18 @@ PyObject* kernel_call(PyObject* o, PyObject* args, PyObject* kwargs) {
     ex = PyObject_CallNoArgs(g_executor_fn);
     if (ex == nullptr) return nullptr;
   }
-  PyObject* vals = normalize_values(k->spec, args, kwargs);
-  PyObject* result = nullptr;
-  if (vals != nullptr) {
-    result = ex == g_defer ? record_deferred(k, ex, vals) : NOT_HERE;
-    if (result == NOT_HERE) result = execute_in_python(ex, k->plan, vals);
-    Py_DECREF(vals);
-  }
+  PyObject* result = ex == g_defer ? record_deferred(k, ex, vals) : NOT_HERE;
+  if (result == NOT_HERE) result = execute_in_python(ex, k->plan, vals);
   Py_DECREF(ex);
+  return result;
+}
+
+PyObject* kernel_call(PyObject* o, PyObject* args, PyObject* kwargs) {
+  auto* k = reinterpret_cast<KernelObject*>(o);
+  PyObject* vals = normalize_values(k->spec, args, kwargs);
+  if (vals == nullptr) return nullptr;
+  PyObject* result = kernel_run(k, vals);
+  Py_DECREF(vals);
   return result;
 }
 
@@ -319,6 +327,8 @@ PyType_Slot kernel_slots[] = {
     {Py_tp_doc, const_cast<char*>("OpKernel(plan): the PrivateUse1 kernel of a lowered op")},
     {0, nullptr}};
 
+PyTypeObject* g_kernel_type = nullptr;
+
 PyType_Spec kernel_spec = {"torch_tpu._C.OpKernel", sizeof(KernelObject), 0, Py_TPFLAGS_DEFAULT,
                            kernel_slots};
 
@@ -371,17 +381,27 @@ PyMethodDef g_methods[] = {
 
 }  // namespace
 
+// For the dispatcher's boxed kernel (tpu_ext.cpp): `kernel` is an OpKernel, `vals` the
+// argument values in schema order, defaults included, as normalize would give them.
+PyObject* run_op_kernel(PyObject* kernel, PyObject* vals) {
+  return kernel_run(reinterpret_cast<KernelObject*>(kernel), vals);
+}
+
+bool is_op_kernel(PyObject* o) { return g_kernel_type != nullptr && Py_TYPE(o) == g_kernel_type; }
+
 void add_kernel_functions(PyObject* module) {
-  const char* names[] = {"execute", "nodes", "in_backward", "_graph_starts", "_loop_flush", "fn"};
-  for (int i = 0; i < 6; ++i) g_str[i] = PyUnicode_InternFromString(names[i]);
+  const char* names[] = {"execute", "_graph_starts", "_loop_flush"};
+  for (int i = 0; i < 3; ++i) g_str[i] = PyUnicode_InternFromString(names[i]);
   g_loop_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&loop_spec));
   auto* kernel_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&kernel_spec));
+  g_kernel_type = kernel_type;
   if (g_loop_type == nullptr || kernel_type == nullptr ||
       PyModule_AddObject(module, "LoopDetector", reinterpret_cast<PyObject*>(g_loop_type)) < 0 ||
       PyModule_AddObject(module, "OpKernel", reinterpret_cast<PyObject*>(kernel_type)) < 0 ||
       PyModule_AddFunctions(module, g_methods) < 0)
     throw std::runtime_error("kernel types");
-  Py_INCREF(g_loop_type);  // PyModule_AddObject stole one; the global keeps its own
+  Py_INCREF(g_loop_type);  // PyModule_AddObject stole one; the globals keep their own
+  Py_INCREF(g_kernel_type);
 }
 
 }  // namespace torch_tpu

@@ -48,6 +48,8 @@ MIN_PERIOD = 10        # shortest op block that counts as a loop iteration
 class DeferExecutor:
     name = "defer_and_fuse"
     deferred = True
+    # slots: the op kernels read nodes and in_backward at their offsets (csrc/slots.h)
+    __slots__ = ("nodes", "paused_gc", "in_backward", "loop")
 
     def __init__(self):
         self.nodes = []
