@@ -303,6 +303,30 @@ def test_scalars_passed_once_per_value_and_changing_values_reuse_the_graph():
     assert "scalar arguments equal in value differently" in fuse.recompile_reasons[-1]
 
 
+def test_upload_is_a_pending_node_that_keeps_the_values_it_was_given():
+    with torch_tpu.eager_mode(DEFER):
+        torch_tpu.sync()
+        base = torch.tpu.memory_allocated()
+        host = torch.arange(6.0).reshape(2, 3)
+        t = host.to("tpu")
+        ids = torch.tensor([[3, 1], [2, 0]], device="tpu")
+        assert type(t.untyped_storage()._xla[0]).__name__ == "Lazy"  # no XLA call yet
+        assert torch.tpu.memory_allocated() == base
+        host.add_(100)  # the upload took a copy: later host writes do not reach it
+        before = metrics.as_dict()["counters"]
+        got = (t * 2).sum(0).cpu()
+        delta = _delta(before, metrics.as_dict()["counters"])
+        assert delta.get("flush.to_cpu") == 1
+        torch.testing.assert_close(got, torch.tensor([6.0, 10.0, 14.0]))
+        assert ids.cpu().tolist() == [[3, 1], [2, 0]]
+        # the uploads' values are arguments of the program, not constants of it: new
+        # values, same graph
+        compiled = metrics.as_dict()["counters"].get("fused_graphs_compiled", 0)
+        for k in range(3):
+            (torch.full((2, 3), float(k)).to("tpu") * 2).sum(0).cpu()
+        assert metrics.as_dict()["counters"].get("fused_graphs_compiled", 0) - compiled <= 1
+
+
 def test_inplace_writes_through_shared_storages():
     """An in-place op reading the storage it writes (`x.add_(x)`, AdamW's
     `_foreach_addcmul_(v, g, g)`) and one writing two views of one storage match CPU in

@@ -86,21 +86,26 @@ def device():
 
 def to_device(cpu: torch.Tensor) -> jax.Array:
     """A contiguous CPU tensor -> a flat, device-owned XLA buffer (always a copy)."""
-    dtype = cpu.dtype
-    jdt = jax_dtype(dtype)
-    if cpu.is_conj() or cpu.is_neg():  # lazy conj()/neg views: their values
-        cpu = cpu.resolve_conj().resolve_neg()
     if cpu.numel() == 0:  # (transformers' caches start from torch.tensor([]) each step)
+        jdt = jax_dtype(cpu.dtype)
         empty = _EMPTY.get(jdt)
         if empty is None:
             empty = _EMPTY[jdt] = _uploader()(np.zeros(0, jdt))
         return empty
-    carrier = _HOST_CARRIER.get(dtype)
+    return _uploader()(host_array(cpu))
+
+
+def host_array(cpu: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's values as a private flat numpy array of its jax dtype:
+    what an upload transfers (the transfer may alias host memory on XLA:CPU; a private
+    copy keeps the torch tensor and the XLA buffer independent)."""
+    jdt = jax_dtype(cpu.dtype)  # (a clear error for a dtype tpu lacks)
+    if cpu.is_conj() or cpu.is_neg():  # lazy conj()/neg views: their values
+        cpu = cpu.resolve_conj().resolve_neg()
+    carrier = _HOST_CARRIER.get(cpu.dtype)
     cpu = cpu.detach()  # (a kernel's argument may still carry requires_grad)
     host = cpu.view(carrier).numpy().view(jdt) if carrier is not None else cpu.numpy()
-    # the transfer may alias host memory on XLA:CPU; a private copy keeps the torch
-    # tensor and the XLA buffer independent.
-    return _uploader()(np.array(host, copy=True).reshape(-1))
+    return np.array(host, copy=True).reshape(-1)
 
 
 _EMPTY: dict = {}  # jax dtype -> its zero-length buffer (immutable: shared)

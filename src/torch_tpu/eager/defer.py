@@ -88,8 +88,19 @@ class DeferExecutor:
         before the flush, and a value nothing keeps never gets a buffer. -> its record."""
         jdt = _runtime.jax_dtype(dtype)
         n = storage.nbytes() // jdt.itemsize
-        entry = _constant_entry(n, jdt)
-        node = Node(entry, [], [device_scalar(value)], _user_line())
+        return self._source(storage, _constant_entry(n, jdt), device_scalar(value), n, jdt)
+
+    def upload(self, storage, dtype, host):
+        """The storage's whole buffer becomes `host` (a flat numpy array of its jax dtype):
+        a node whose value is passed to the flushed program as an argument, so the
+        transfer rides on the flush's XLA call. -> its record."""
+        jdt = _runtime.jax_dtype(dtype)
+        return self._source(storage, _upload_entry(host.shape[0], jdt), host, host.shape[0], jdt)
+
+    def _source(self, storage, entry, dyn, n, jdt):
+        """A node with no inputs and one dynamic argument, whose output is the storage's
+        new buffer."""
+        node = Node(entry, [], [dyn], _user_line())
         if not self.nodes:
             self._graph_starts()
         self.nodes.append(node)
@@ -140,16 +151,26 @@ class DeferExecutor:
                 gc.enable()
 
 
-_CONSTANTS: dict = {}
+_SOURCES: dict = {}
+
+
+def _source_entry(kind, n, jdt, raw):
+    entry = _SOURCES.get((kind, n, jdt))
+    if entry is None:
+        entry = Entry(None, [((n,), _runtime.torch_dtype(jdt))], (("fresh",),), [])
+        entry.raw = raw
+        entry.key = (f"tpu::{kind}", ((n,), str(jdt)))
+        _SOURCES[(kind, n, jdt)] = entry
+    return entry
 
 
 def _constant_entry(n, jdt):
     """The cached entry of a constant flat buffer of n elements (the value is a dynamic
     scalar, so one graph serves any fill value)."""
-    entry = _CONSTANTS.get((n, jdt))
-    if entry is None:
-        entry = Entry(None, [((n,), _runtime.torch_dtype(jdt))], (("fresh",),), [])
-        entry.raw = lambda v: [jnp.full((n,), v, jdt)]
-        entry.key = ("tpu::constant", ((n,), str(jdt)))
-        _CONSTANTS[(n, jdt)] = entry
-    return entry
+    return _source_entry("constant", n, jdt, lambda v: [jnp.full((n,), v, jdt)])
+
+
+def _upload_entry(n, jdt):
+    """The cached entry of a host upload of n elements: the program's argument is the
+    value."""
+    return _source_entry("upload", n, jdt, lambda host: [host])
