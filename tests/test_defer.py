@@ -319,6 +319,8 @@ def test_upload_is_a_pending_node_that_keeps_the_values_it_was_given():
         assert delta.get("flush.to_cpu") == 1
         torch.testing.assert_close(got, torch.tensor([6.0, 10.0, 14.0]))
         assert ids.cpu().tolist() == [[3, 1], [2, 0]]
+        big = torch.ones(2 << 20).to("tpu")  # 8 MiB: moved at once, no host copy kept
+        assert type(big.untyped_storage()._xla[0]).__name__ != "Lazy"
         # the uploads' values are arguments of the program, not constants of it: new
         # values, same graph
         compiled = metrics.as_dict()["counters"].get("fused_graphs_compiled", 0)

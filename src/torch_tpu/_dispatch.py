@@ -161,14 +161,18 @@ def _upload(src: torch.Tensor) -> torch.Tensor:
     return dst
 
 
+_DEFERRED_UPLOAD_MAX_BYTES = 4 << 20
+
+
 def _upload_into(storage, src: torch.Tensor) -> None:
     """A contiguous CPU tensor's values become the whole storage's buffer. DeferAndFuse
-    records the host values as a pending node instead, an argument of the next flushed
+    records small host values as a pending node instead, an argument of the next flushed
     program: no XLA call now (the first call after the device went idle costs ~0.3 ms, and
-    a training step's batch upload is such a call)."""
+    a training step's batch upload is such a call). Large ones (weights moved once) go at
+    once: a pending upload keeps its host copy until the flush."""
     metrics.count("host_to_device")
     ex = modes.executor()
-    if ex.deferred and src.numel() > 0:
+    if ex.deferred and 0 < src.numel() * src.element_size() <= _DEFERRED_UPLOAD_MAX_BYTES:
         ex.upload(storage, src.dtype, _runtime.host_array(src))
     else:
         _storage.set_buffer(storage, _runtime.to_device(src))
