@@ -417,9 +417,10 @@ const bool g_sdp_choice_set = [] {
 // to torch.library, torch's Python-kernel holder would build an args tuple and a kwargs
 // dict from the dispatcher's argument stack, which OpKernel then normalizes back into
 // the values in schema order with defaults filled in. The stack already is exactly that,
-// so this boxed kernel converts it in place (~0.4 us less per op, about a tenth of
-// recording one in DeferAndFuse). Ops with an argument or return type outside the plain
-// set below keep the Python holder (register_op_kernel says no).
+// so this boxed kernel converts it in place: no tuple, dict or normalize pass. (With the
+// allocator above and csrc/slots.h, recording an op in DeferAndFuse went from ~4.1 to
+// ~3.1 us.) Ops with an argument or return type outside the plain set below keep the
+// Python holder (register_op_kernel says no).
 PyObject* run_op_kernel(PyObject* kernel, PyObject* vals);  // kernel.cpp
 bool is_op_kernel(PyObject* o);                             // kernel.cpp
 
