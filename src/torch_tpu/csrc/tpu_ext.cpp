@@ -431,15 +431,16 @@ c10::TypePtr unwrap_optional(const c10::TypePtr& t) {
   return t;
 }
 
+// Kinds that may also be list elements.
+bool plain_element(c10::TypeKind k) {
+  return k == c10::TypeKind::TensorType || k == c10::TypeKind::IntType ||
+         k == c10::TypeKind::SymIntType || k == c10::TypeKind::FloatType ||
+         k == c10::TypeKind::BoolType || k == c10::TypeKind::NumberType;
+}
+
 bool plain_argument(const c10::TypePtr& type) {
   const c10::TypePtr t = unwrap_optional(type);
   switch (t->kind()) {
-    case c10::TypeKind::TensorType:
-    case c10::TypeKind::IntType:
-    case c10::TypeKind::SymIntType:
-    case c10::TypeKind::FloatType:
-    case c10::TypeKind::BoolType:
-    case c10::TypeKind::NumberType:
     case c10::TypeKind::ScalarTypeType:
     case c10::TypeKind::LayoutType:
     case c10::TypeKind::MemoryFormatType:
@@ -447,15 +448,10 @@ bool plain_argument(const c10::TypePtr& type) {
     case c10::TypeKind::GeneratorType:
     case c10::TypeKind::StringType:
       return true;
-    case c10::TypeKind::ListType: {
-      const c10::TypePtr e = unwrap_optional(t->castRaw<c10::ListType>()->getElementType());
-      const auto k = e->kind();
-      return k == c10::TypeKind::TensorType || k == c10::TypeKind::IntType ||
-             k == c10::TypeKind::SymIntType || k == c10::TypeKind::FloatType ||
-             k == c10::TypeKind::BoolType || k == c10::TypeKind::NumberType;
-    }
+    case c10::TypeKind::ListType:
+      return plain_element(unwrap_optional(t->castRaw<c10::ListType>()->getElementType())->kind());
     default:
-      return false;
+      return plain_element(t->kind());
   }
 }
 

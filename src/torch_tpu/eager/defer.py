@@ -154,23 +154,33 @@ class DeferExecutor:
 _SOURCES: dict = {}
 
 
-def _source_entry(kind, n, jdt, raw):
+def _source_entry(kind, n, jdt, make_raw):
+    """The cached entry of a flat buffer of n elements made from one dynamic argument;
+    `make_raw(n, jdt)` gives its traceable body (built on a miss only)."""
     entry = _SOURCES.get((kind, n, jdt))
     if entry is None:
         entry = Entry(None, [((n,), _runtime.torch_dtype(jdt))], (("fresh",),), [])
-        entry.raw = raw
+        entry.raw = make_raw(n, jdt)
         entry.key = (f"tpu::{kind}", ((n,), str(jdt)))
         _SOURCES[(kind, n, jdt)] = entry
     return entry
 
 
+def _fill(n, jdt):
+    return lambda v: [jnp.full((n,), v, jdt)]
+
+
+def _as_is(n, jdt):
+    return lambda host: [host]
+
+
 def _constant_entry(n, jdt):
     """The cached entry of a constant flat buffer of n elements (the value is a dynamic
     scalar, so one graph serves any fill value)."""
-    return _source_entry("constant", n, jdt, lambda v: [jnp.full((n,), v, jdt)])
+    return _source_entry("constant", n, jdt, _fill)
 
 
 def _upload_entry(n, jdt):
     """The cached entry of a host upload of n elements: the program's argument is the
     value."""
-    return _source_entry("upload", n, jdt, lambda host: [host])
+    return _source_entry("upload", n, jdt, _as_is)
