@@ -13,12 +13,10 @@ torch.utils.rename_privateuse1_backend("tpu")
 
 from . import _C  # noqa: E402  (the C++ piece: allocator, generator, guard, hooks)
 from . import _runtime, _storage  # noqa: E402
+from ._rng import default_generator  # noqa: E402
+from .eager import current  # noqa: E402
 
-_DEFAULT_GENERATOR = _C.default_generator()
-
-
-def default_generator() -> torch.Generator:
-    return _DEFAULT_GENERATOR
+_DEFAULT_GENERATOR = default_generator()
 
 
 # ---------------------------------------------------------------- device
@@ -82,9 +80,7 @@ class device:  # noqa: N801  (mirrors torch.cuda.device)
 
 def synchronize(device=None) -> None:
     """Wait until every op dispatched so far has finished."""
-    from .eager import modes
-
-    modes.flush_pending("synchronize")
+    current.flush_pending("synchronize")
     for arr in _runtime.jax_live_arrays():
         arr.block_until_ready()
 
@@ -228,7 +224,7 @@ def _print_from_host() -> None:
 
     def _tensor_str(self, indent):
         if self.device.type == "tpu":
-            from ._dispatch import to_cpu
+            from ._transfer import to_cpu
 
             self = to_cpu(self, "print")
         return original(self, indent)
@@ -272,7 +268,7 @@ def _backward_on_calling_thread() -> None:
     import torch.autograd as autograd
     import torch.autograd.graph as graph
 
-    from .eager.modes import backward_pass
+    backward_pass = current.backward_pass
 
     run = graph._engine_run_backward
     if getattr(run, "_tpu_calling_thread", False):

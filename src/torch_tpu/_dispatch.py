@@ -1,8 +1,11 @@
-"""The PrivateUse1 kernels written in Python: one kernel per lowered op (and its in-place
-and out= variants), copy_ across devices, item(), and the boxed fallback for the tail.
+"""The PrivateUse1 kernels: one per lowered op (and its in-place and out= variants),
+copy_ across devices, whole-storage fills, item(), and the boxed fallback for the tail.
 
-View, empty and resize kernels are C++ (csrc/tpu_ext.cpp): views are half the ops of a
-training step and torch's own at::native view kernels do them in under a microsecond.
+A lowered op's kernel is a C object (`_C.OpKernel`, csrc/kernel.cpp) registered as a boxed
+C++ kernel (csrc/tpu_ext.cpp), so the dispatcher calls it with no Python frame; the few
+kernels left in Python are the out= variants, the copies, fills and the fallback. View,
+empty and resize kernels are C++ too: views are half the ops of a training step and
+torch's own at::native view kernels do them in under a microsecond.
 """
 from __future__ import annotations
 
@@ -10,11 +13,11 @@ import functools
 import os
 import warnings
 
-import jax
 import torch
 
-from . import _C, _runtime, _storage, metrics
-from .eager import modes
+from . import _C, metrics
+from ._transfer import covers_storage, to_cpu, to_cpu_tree, upload, upload_into
+from .eager import current
 from .eager.opcall import OpPlan, normalize
 from .lowering import decomp, registry
 
@@ -38,12 +41,6 @@ def plan_for(op) -> OpPlan:
     return plan
 
 
-def run(op, args, kwargs):
-    """Execute an op that has a lowering in the current eager mode."""
-    plan = plan_for(op)
-    return modes.executor().execute(plan, normalize(plan, args, kwargs))
-
-
 def _kernel(plan):
     """What `run` does, in C (csrc/kernel.cpp): with the op's entry cached, DeferAndFuse
     records the op without a Python frame."""
@@ -57,7 +54,7 @@ def _out_kernel(op, functional):
 
     def kernel(*args, **kwargs):
         outs = [kwargs.pop(n) for n in out_names]
-        result = modes.executor().execute(fplan, normalize(fplan, args, kwargs))
+        result = current.executor().execute(fplan, normalize(fplan, args, kwargs))
         results = result if isinstance(result, (tuple, list)) else (result,)
         if len(outs) == 1 and isinstance(outs[0], (list, tuple)):  # Tensor(a!)[] out
             dsts, srcs = outs[0], results
@@ -113,85 +110,15 @@ def _register(op, kernel, seen):
 
 
 # ---------------------------------------------------------------- copies between devices
-@functools.lru_cache(maxsize=4096)
-def _materializer(shape, stride, offset, blen, bdt, dtype):
-    return jax.jit(_storage.reader(shape, stride, offset, blen, bdt, dtype))
-
-
-def materialize(t: torch.Tensor, reason: str = "read") -> jax.Array:
-    """The value of a tpu tensor as a jax array of its shape (async). `reason` names the
-    DeferAndFuse flush trigger in metrics."""
-    modes.flush_pending(reason)
-    buf, n, bdt = _storage.record(t.untyped_storage(), t.dtype)
-    if t.is_conj() or t.is_neg():  # a lazy conj()/neg view: resolve it on the device
-        t = t.resolve_conj().resolve_neg()
-        return materialize(t, reason)
-    shape = tuple(t.shape)
-    if _is_whole(t, n, bdt):
-        return buf.reshape(shape)
-    return _materializer(shape, tuple(t.stride()), t.storage_offset(), n, bdt, t.dtype)(buf)
-
-
-def _is_whole(t, n, bdt) -> bool:
-    """Whether `t` is its storage's whole flat buffer (n elements of jax dtype bdt), in
-    order: its value is the buffer, reshaped."""
-    return (t.storage_offset() == 0 and n == t.numel() and bdt == _runtime.jax_dtype(t.dtype)
-            and t.is_contiguous())
-
-
-def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
-    """A host copy of a tpu tensor (waits for its value). A tensor that is its whole
-    storage is read straight from the storage's buffer: a reshape on the device would be
-    one more program, which the device runs after everything queued before it (XLA:CPU
-    runs a device's programs in order), so `loss.item()` would wait for the backward and
-    optimizer graph flushed just before it instead of for the loss alone."""
-    metrics.count("device_to_host")
-    modes.flush_pending(reason)
-    buf, n, bdt = _storage.record(t.untyped_storage(), t.dtype)
-    if t.is_conj() or t.is_neg() or not _is_whole(t, n, bdt):
-        buf = materialize(t, reason)
-    return _runtime.to_host(buf, t.dtype).reshape(t.shape)
-
-
-def _upload(src: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor -> a new contiguous tpu tensor with the same values."""
-    src = src.contiguous()
-    dst = torch.empty(src.shape, dtype=src.dtype, device="tpu")
-    _upload_into(dst.untyped_storage(), src)
-    return dst
-
-
-_DEFERRED_UPLOAD_MAX_BYTES = 4 << 20
-
-
-def _upload_into(storage, src: torch.Tensor) -> None:
-    """A contiguous CPU tensor's values become the whole storage's buffer. DeferAndFuse
-    records small host values as a pending node instead, an argument of the next flushed
-    program: no XLA call now (the first call after the device went idle costs ~0.3 ms, and
-    a training step's batch upload is such a call). Large ones (weights moved once) go at
-    once: a pending upload keeps its host copy until the flush."""
-    metrics.count("host_to_device")
-    ex = modes.executor()
-    if ex.deferred and 0 < src.numel() * src.element_size() <= _DEFERRED_UPLOAD_MAX_BYTES:
-        ex.upload(storage, src.dtype, _runtime.host_array(src))
-    else:
-        _storage.set_buffer(storage, _runtime.to_device(src))
-
-
-def _covers_storage(t: torch.Tensor) -> bool:
-    return (t.is_contiguous() and t.storage_offset() == 0
-            and t.numel() * t.element_size() == t.untyped_storage().nbytes())
-
-
 def copy_(self, src, non_blocking=False):
     if self.device.type == "tpu":
         if src.device.type != "tpu":
             if src.device.type != "cpu":
                 raise RuntimeError(f"copy_: cannot copy from {src.device} to tpu")
-            if src.shape == self.shape and src.dtype == self.dtype and _covers_storage(self):
-                _upload_into(self.untyped_storage(), src.contiguous())
+            if src.shape == self.shape and src.dtype == self.dtype and covers_storage(self):
+                upload_into(self.untyped_storage(), src.contiguous())
                 return self
-            src = _upload(src)
+            src = upload(src)
         return _copy_kernel()(self, src, non_blocking)
     # tpu -> cpu
     self.copy_(to_cpu(src))
@@ -222,18 +149,11 @@ def _fill_kernel(op, value_of):
     plan = plan_for(op)
 
     def kernel(self, *args):
-        ex = modes.executor()
-        if not self.is_conj() and not self.is_neg() and _covers_storage(self):
+        ex = current.executor()
+        if not self.is_conj() and not self.is_neg() and covers_storage(self):
             value = value_of(*args)
             if not isinstance(value, torch.Tensor):
-                st = self.untyped_storage()
-                if ex.deferred:
-                    ex.constant(st, self.dtype, value)
-                else:
-                    metrics.counters[ex.counter] += 1
-                    jdt = _runtime.jax_dtype(self.dtype)
-                    n = self.numel()
-                    _storage.set_buffer(st, _storage.constant(n, jdt, value), n, jdt)
+                ex.fill(self.untyped_storage(), self.dtype, value)
                 return self
         return ex.execute(plan, normalize(plan, (self, *args), {}))
 
@@ -260,26 +180,6 @@ def set_cpu_fallback(enabled: bool) -> None:
     _cpu_fallback[0] = bool(enabled)
 
 
-def _to_cpu_tree(v):
-    if isinstance(v, torch.Tensor) and v.device.type == "tpu":
-        return to_cpu(v).clone()  # a resizable host copy: out= ops may resize it
-    if isinstance(v, (list, tuple)):
-        return type(v)(_to_cpu_tree(x) for x in v)
-    if isinstance(v, torch.device) and v.type == "tpu":
-        return torch.device("cpu")
-    if isinstance(v, torch.Generator) and v.device.type == "tpu":
-        return None
-    return v
-
-
-def _to_tpu_tree(v):
-    if isinstance(v, torch.Tensor) and v.device.type == "cpu":
-        return _upload(v)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_to_tpu_tree(x) for x in v)
-    return v
-
-
 def cpu_fallback(op, args, kwargs, reason):
     name = str(op)
     metrics.fallback_ops[name] += 1
@@ -287,8 +187,8 @@ def cpu_fallback(op, args, kwargs, reason):
         _warned.add(name)
         warnings.warn(f"torch_tpu: {name} has no tpu lowering and runs on CPU ({reason})",
                       stacklevel=3)
-    cargs = _to_cpu_tree(list(args))
-    ckwargs = {k: _to_cpu_tree(v) for k, v in kwargs.items()}
+    cargs = to_cpu_tree(list(args))
+    ckwargs = {k: to_cpu_tree(v) for k, v in kwargs.items()}
     out = op(*cargs, **ckwargs)
     # write mutated arguments back to their tpu tensors
     schema = op._schema
@@ -308,7 +208,7 @@ def cpu_fallback(op, args, kwargs, reason):
 def _retarget(out, mutated):
     if isinstance(out, torch.Tensor):
         m = mutated.get(id(out))
-        return m if m is not None else _upload(out)
+        return m if m is not None else upload(out)
     if isinstance(out, (list, tuple)):
         return type(out)(_retarget(o, mutated) for o in out)
     return out

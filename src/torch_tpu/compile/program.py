@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import torch
 
 from .. import _C, _runtime, _storage, metrics
-from .._device import default_generator
-from ..eager.modes import flush_pending
+from .._rng import default_generator
+from ..eager.current import flush_pending
 from .lower import GraphLowering
 
 _empty = _C.empty_with_storage  # (shape, strides or None, dtype) -> (tensor, its storage)
@@ -319,7 +319,7 @@ def _const_array(t):
     """A tensor the graph holds as a constant (get_attr) -> a JAX array of its shape."""
     if isinstance(t, torch.Tensor):
         if t.device.type == "tpu":
-            from .._dispatch import materialize
+            from .._transfer import materialize
 
             return materialize(t)
         return _runtime.to_device(t.detach().contiguous()).reshape(tuple(t.shape))

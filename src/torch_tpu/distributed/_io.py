@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .. import _runtime, _storage
-from ..eager import modes
+from ..eager import current
 
 
 def jax_dtype(t: torch.Tensor):
@@ -45,14 +45,14 @@ def flat_in(t: torch.Tensor):
     the same size: only when the tensor covers its storage and nothing else holds it)."""
     if t.device.type != "tpu":
         return _runtime.to_device(t.detach().contiguous()), False
-    modes.flush_pending("collective")
+    current.flush_pending("collective")
     st = t.untyped_storage()
     rec = _storage.record(st, t.dtype)
     buf = rec[0]
     if isinstance(buf, jax.Array) and _covering(t, rec[1], rec[2]):
         # references: the storage's record, `buf`, getrefcount's argument
         return buf, sys.getrefcount(buf) <= 3
-    from .._dispatch import materialize
+    from .._transfer import materialize
 
     return _flatten(materialize(t)), False
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _dispatch, _runtime, _storage, metrics
+from .. import _runtime, _storage, _transfer, _tree, metrics
 from .strict import StrictExecutor
 
 
@@ -116,11 +116,7 @@ def op_name(plan) -> str:
 
 
 # ---------------------------------------------------------------- host values
-def _host(t: torch.Tensor) -> torch.Tensor:
-    """The value of a tensor on the host (a debug read, not counted as a user sync)."""
-    if t.device.type != "tpu":
-        return t
-    return _runtime.to_host(_dispatch.materialize(t), t.dtype).reshape(t.shape)
+_host = _transfer.host_value  # a debug read: not counted as a user sync
 
 
 def _tensors(x, out):
@@ -324,7 +320,7 @@ def _inputs_finite(snapshot) -> bool:
         if buf.is_deleted() or _finite_storage(rec, t.dtype):
             continue
         # the storage holds NaN/Inf somewhere: look at this view only
-        view = _dispatch._materializer(shape, stride, offset, n, bdt, t.dtype)(buf)
+        view = _transfer.materializer(shape, stride, offset, n, bdt, t.dtype)(buf)
         if not bool(_all_finite(view.reshape(-1))):
             return False
     return True
@@ -351,7 +347,7 @@ def check_finite(plan, outs, snapshot) -> None:
             continue
         metrics.count("debug.nan_checks")
         rec = _storage.record(t.untyped_storage(), t.dtype)
-        if _finite_storage(rec, t.dtype) or bool(_all_finite(_dispatch.materialize(t).reshape(-1))):
+        if _finite_storage(rec, t.dtype) or bool(_all_finite(_transfer.materialize(t).reshape(-1))):
             continue
         if not _inputs_finite(snapshot):
             return  # propagated: the op that made the first NaN/Inf was already named
@@ -407,15 +403,11 @@ def _cpu_args(vals):
 
 
 def _cpu_value(v):
-    if isinstance(v, torch.Tensor):
-        return _host(v).clone() if v.device.type == "tpu" else v.clone()
-    if isinstance(v, (list, tuple)):
-        return type(v)(_cpu_value(x) for x in v)
-    if isinstance(v, torch.device) and v.type == "tpu":
-        return torch.device("cpu")
-    if isinstance(v, torch.Generator):
-        return None
-    return v
+    # every tensor cloned: the CPU op must not write into the user's host tensors
+    return _tree.convert(v, lambda t: _host(t).clone(), _CPU)
+
+
+_CPU = torch.device("cpu")
 
 
 def _mismatch(got: torch.Tensor, want: torch.Tensor):
@@ -522,3 +514,13 @@ class DebugExecutor(StrictExecutor):
         if cargs is not None:
             check_cpu(plan, vals, result, cargs)
         return result
+
+    def fill(self, storage, dtype, value) -> None:
+        """fill_/zero_ of a whole storage (torch.zeros/ones/full): waits like every op, so
+        an error surfaces here, and counts as a checked op."""
+        try:
+            super().fill(storage, dtype, value)
+            jax.block_until_ready(_storage.record(storage, dtype)[0])
+        except Exception as e:
+            e.add_note(f"torch_tpu debug: raised by aten::fill_ at {user_location()}")
+            raise

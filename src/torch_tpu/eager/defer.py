@@ -21,6 +21,7 @@ loop iteration or MAX_NODES ops, so the pause is short; nothing is lost, only de
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 
@@ -43,6 +44,7 @@ _COUNTERS = metrics.counters
 
 MAX_NODES = 4096       # graph-size cap: flush before a graph gets slow to compile
 MIN_PERIOD = 10        # shortest op block that counts as a loop iteration
+DEFERRED_UPLOAD_MAX_BYTES = 4 << 20  # larger host uploads go at once (see `upload`)
 
 
 class DeferExecutor:
@@ -54,7 +56,7 @@ class DeferExecutor:
     def __init__(self):
         self.nodes = []
         self.paused_gc = False
-        self.in_backward = 0  # backward passes running (modes.backward_pass)
+        self.in_backward = 0  # backward passes running (see `backward`)
         self.loop = _C.LoopDetector(MIN_PERIOD, MAX_NODES)
 
     def _graph_starts(self):
@@ -90,12 +92,34 @@ class DeferExecutor:
         n = storage.nbytes() // jdt.itemsize
         return self._source(storage, _constant_entry(n, jdt), device_scalar(value), n, jdt)
 
-    def upload(self, storage, dtype, host):
-        """The storage's whole buffer becomes `host` (a flat numpy array of its jax dtype):
-        a node whose value is passed to the flushed program as an argument, so the
-        transfer rides on the flush's XLA call. -> its record."""
-        jdt = _runtime.jax_dtype(dtype)
-        return self._source(storage, _upload_entry(host.shape[0], jdt), host, host.shape[0], jdt)
+    def fill(self, storage, dtype, value) -> None:
+        """fill_/zero_ of a whole storage: a pending constant (see `constant`)."""
+        self.constant(storage, dtype, value)
+
+    def upload(self, storage, src) -> None:
+        """A contiguous CPU tensor's values become the whole storage's buffer. A small one
+        is a node whose value is passed to the flushed program as an argument, so the
+        transfer rides on the flush's XLA call (the first call after the device went
+        idle costs ~0.3 ms, and a training step's batch upload is such a call). Large
+        ones (weights moved once) go at once: a pending upload keeps its host copy until
+        the flush."""
+        if not 0 < src.numel() * src.element_size() <= DEFERRED_UPLOAD_MAX_BYTES:
+            _storage.set_buffer(storage, _runtime.to_device(src))
+            return
+        host = _runtime.host_array(src)
+        jdt = _runtime.jax_dtype(src.dtype)
+        self._source(storage, _upload_entry(host.shape[0], jdt), host, host.shape[0], jdt)
+
+    @contextlib.contextmanager
+    def backward(self):
+        """Flush the forward graph, so the device runs it while the backward records; the
+        loop detector ignores the repetition of layers within the backward pass."""
+        self.flush("backward")
+        self.in_backward += 1
+        try:
+            yield
+        finally:
+            self.in_backward -= 1
 
     def _source(self, storage, entry, dyn, n, jdt):
         """A node with no inputs and one dynamic argument, whose output is the storage's

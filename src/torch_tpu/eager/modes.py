@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
-import threading
 
 from .. import _C, metrics
+from . import current
+from .debug import DebugExecutor
+from .defer import DeferExecutor
 from .strict import StrictExecutor
 
 
@@ -26,9 +28,6 @@ class EagerMode(enum.Enum):
 
 
 def _make_executors():
-    from .debug import DebugExecutor
-    from .defer import DeferExecutor
-
     defer = DeferExecutor()
     _C.kernel_setup(executor, defer, metrics.counters, "dispatches.defer_and_fuse")
     return {EagerMode.STRICT: StrictExecutor(), EagerMode.DEBUG: DebugExecutor(),
@@ -46,29 +45,11 @@ def _env_mode() -> EagerMode:
     return EagerMode.STRICT
 
 
-class _State(threading.local):
-    def __init__(self):
-        self.stack = []          # modes entered with `eager_mode(...)` on this thread
-        self.executor = None     # this thread's current executor, None = the global one
-        # Threads that Python did not start (the autograd engine's device thread runs
-        # every backward op of a tpu graph) cannot enter a context themselves: they follow
-        # the innermost context open on the thread that is waiting for them.
-        self.foreign = isinstance(threading.current_thread(), threading._DummyThread)
-
-
-_tls = _State()
-_global = {"mode": EagerMode.STRICT, "executor": _EXECUTORS[EagerMode.STRICT]}
-_open_contexts: list = []  # (mode, executor) of every open `eager_mode` block, all threads
-
-
-def executor():
-    ex = _tls.executor
-    if ex is None:
-        if _tls.foreign and _open_contexts:
-            return _open_contexts[-1][1]
-        return _global["executor"]
-    return ex
-
+_tls = current.tls
+_global = current.GLOBAL
+_global.update(mode=EagerMode.STRICT, executor=_EXECUTORS[EagerMode.STRICT])
+_open_contexts = current.OPEN_CONTEXTS
+executor = current.executor
 
 _C.kernel_setup(executor, None, metrics.counters, "dispatches.defer_and_fuse")
 _C.set_executor(_global["executor"])
@@ -91,35 +72,9 @@ def _coerce(mode) -> EagerMode:
     raise TypeError(f"expected a torch_tpu.EagerMode, got {mode!r}")
 
 
-def flush_pending(reason: str = "sync") -> None:
-    """Run whatever the current mode has deferred (nothing in Strict and Debug); `reason`
-    is the trigger counted in metrics (item, to_cpu, print, synchronize, ...)."""
-    ex = executor()
-    if ex.deferred:
-        ex.flush(reason)
-
-
-@contextlib.contextmanager
-def backward_pass():
-    """Around a backward() call (see _device): DeferAndFuse flushes the forward graph
-    recorded so far, so the device runs it while the backward records, and its loop
-    detection ignores the repetition of layers within the backward pass."""
-    ex = executor()
-    if not ex.deferred:
-        yield
-        return
-    ex.flush("backward")
-    ex.in_backward += 1
-    try:
-        yield
-    finally:
-        ex.in_backward -= 1
-
-
 def _switch_flush() -> None:
     for ex in _EXECUTORS.values():
-        if ex.deferred:
-            ex.flush("mode_change")
+        ex.flush("mode_change")
 
 
 def _publish() -> None:
@@ -133,11 +88,7 @@ def _publish() -> None:
 
 
 def get_eager_mode() -> EagerMode:
-    if _tls.stack:
-        return _tls.stack[-1]
-    if _tls.foreign and _open_contexts:
-        return _open_contexts[-1][0]
-    return _global["mode"]
+    return current.mode()
 
 
 def set_eager_mode(mode) -> None:

@@ -17,9 +17,10 @@ import time
 import jax
 import torch
 
-from .. import _C, _runtime, _storage, metrics
-from .._device import default_generator
+from .. import _C, _runtime, _storage, _tree, metrics
+from .._rng import default_generator
 from ..lowering import registry
+from . import current
 
 TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC, STATIC_NUMBER = range(9)
 _KINDS = {
@@ -242,13 +243,8 @@ class OpPlan:
                 raise DeviceMismatchError(
                     f"Expected all tensors to be on the same device, but found at least two "
                     f"devices, tpu:0 and {t.device}! (when checking argument for {self.name})")
-        st = t.untyped_storage()
-        from .modes import executor  # (modes imports the executors, which import this)
-
-        ex = executor()
-        if ex.deferred:  # zeros, recorded rather than allocated now
-            return t, ex.constant(st, t.dtype)
-        return t, _storage.record(st, t.dtype)
+        # zeros (DeferAndFuse records them rather than allocating now)
+        return t, current.executor().constant(t.untyped_storage(), t.dtype)
 
     # ------------------------------------------------------------ per new key
     def compile(self, key, vals):
@@ -476,18 +472,17 @@ def _abstract_inputs(parts, plan):
 
 
 # ---------------------------------------------------------------- meta
+_META = torch.device("meta")
+
+
+def _meta_tensor(t):
+    if t.device.type == "meta":
+        return t
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
 def _to_meta(v):
-    if isinstance(v, torch.Tensor):
-        if v.device.type == "meta":
-            return v
-        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
-    if isinstance(v, (list, tuple)):
-        return type(v)(_to_meta(x) for x in v)
-    if isinstance(v, torch.Generator):
-        return None
-    if isinstance(v, torch.device) and v.type == "tpu":
-        return torch.device("meta")
-    return v
+    return _tree.convert(v, _meta_tensor, _META)
 
 
 def meta_run(plan, vals):

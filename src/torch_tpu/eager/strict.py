@@ -5,7 +5,9 @@ print) does.
 """
 from __future__ import annotations
 
-from .. import _C, _storage, metrics
+import contextlib
+
+from .. import _C, _runtime, _storage, metrics
 from .opcall import run_eager, scan_fast
 
 _COUNTERS = metrics.counters
@@ -41,11 +43,39 @@ def finish(plan, entry, vals, outs):
 
 
 class StrictExecutor:
-    """Each op runs at once; nothing is deferred."""
+    """Each op runs at once; nothing is deferred.
+
+    The interface every executor answers (eager/current.py): `execute` an op, `flush`
+    what is deferred, make a whole storage a `constant` (a fresh storage's zeros) or
+    `fill` it (fill_/zero_ of all of it: counted as an op), `upload` a host tensor into
+    it, and a `backward` context around a backward() call."""
 
     name = "strict"
-    deferred = False
+    deferred = False  # whether storages made now start without a buffer (eager/modes.py)
     counter = "dispatches.strict"
+
+    def flush(self, reason: str) -> None:
+        """Nothing is deferred."""
+
+    def backward(self):
+        return contextlib.nullcontext()
+
+    def constant(self, storage, dtype, value=0):
+        """The storage's whole buffer becomes `value`. -> its record."""
+        jdt = _runtime.jax_dtype(dtype)
+        n = storage.nbytes() // jdt.itemsize
+        _storage.set_buffer(storage, _storage.constant(n, jdt, value), n, jdt)
+        return getattr(storage, _ATTR)
+
+    def fill(self, storage, dtype, value) -> None:
+        """fill_/zero_ of a whole storage (torch.zeros/ones/full are empty + fill_): one
+        XLA call that reads nothing, or a shared small constant (_storage.constant)."""
+        _COUNTERS[self.counter] += 1
+        self.constant(storage, dtype, value)
+
+    def upload(self, storage, src) -> None:
+        """A contiguous CPU tensor's values become the whole storage's buffer."""
+        _storage.set_buffer(storage, _runtime.to_device(src))
 
     def execute(self, plan, vals):
         key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
