@@ -117,7 +117,7 @@ def test_loop_without_sync_flushes_once_per_iteration_into_one_graph():
 
 def test_no_loop_is_detected_inside_a_backward_pass():
     """Layers repeat inside a backward pass; an iteration never ends there."""
-    from torch_tpu.eager import modes
+    from torch_tpu.eager import current
 
     def blocks(x):
         for _ in range(6):  # 6 repetitions of 11 ops
@@ -129,7 +129,7 @@ def test_no_loop_is_detected_inside_a_backward_pass():
         x = torch.ones(4, device="tpu")
         torch_tpu.sync()
         before = _flushes()
-        with modes.backward_pass():  # what backward() runs in
+        with current.backward_pass():  # what backward() runs in
             y = blocks(x)
         inside = _delta(before, _flushes())
         torch_tpu.sync()

@@ -190,10 +190,10 @@ def test_half_precision_dtypes():
 
 
 def test_lowered_ops_reach_their_kernel_through_the_boxed_path():
-    # registered from C++ (csrc/tpu_ext.cpp), not through torch.library's Python holder
+    # registered from C++ (csrc/dispatch.cpp), not through torch.library's Python holder
     for name in ("aten::mul.Tensor", "aten::sum.dim_IntList", "aten::_foreach_mul_.ScalarList"):
         line = [s for s in torch._C._dispatch_dump(name).splitlines() if s.startswith("PrivateUse1:")]
-        assert line and "tpu_ext.cpp" in line[0], (name, line)
+        assert line and "csrc/dispatch.cpp" in line[0], (name, line)
     # the stack's values arrive as the Python kernel saw them: kwarg-only arguments,
     # dtypes, memory formats, scalar lists, generators (values checked; the layout a
     # memory_format asks for is not honoured yet: clone gives contiguous strides)

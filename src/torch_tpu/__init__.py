@@ -25,9 +25,10 @@ from .eager.modes import EagerMode, eager_mode, get_eager_mode, set_eager_mode  
 from .eager.debug import (  # noqa: E402
     TpuCpuMismatchError, TpuDebugError, TpuIndexError, TpuNonFiniteError)
 from .eager import modes as _modes  # noqa: E402
+from . import _config  # noqa: E402
 
 _modes.init_from_env()
-if __import__("os").environ.get("TORCH_TPU_METRICS", "0") not in ("", "0"):
+if _config.get("TORCH_TPU_METRICS"):
     metrics.print_at_exit()
 
 from . import _cache  # noqa: E402
@@ -39,6 +40,9 @@ from . import compile as _compile  # noqa: E402
 _compile.register()  # torch.compile(backend="tpu")
 
 from . import distributed  # noqa: E402,F401  (registers the "tpu_dist" c10d backend)
+from . import _integrations  # noqa: E402
+
+_integrations.install()  # HF accelerate learns the device when it is imported
 
 set_cpu_fallback = _dispatch.set_cpu_fallback
 

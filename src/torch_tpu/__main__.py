@@ -1,4 +1,4 @@
-"""`python -m torch_tpu COMMAND`: info, demo, bench NAME (and more as they land).
+"""`python -m torch_tpu COMMAND`: info, demo, bench NAME, validate, settings.
 
 `COMMANDS` at the bottom is the dispatch table: name -> (help, add_arguments, main). A
 command in its own module is one line, `"name": ("help", *_module("torch_tpu.x"))`, where
@@ -71,6 +71,31 @@ def _bench_main(args) -> int:
     return importlib.import_module(args._bench_module).main(args)
 
 
+# ---------------------------------------------------------------- settings
+def _add_settings_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--write", action="store_true",
+                   help="rewrite the settings table in the repository's README.md")
+
+
+def _settings_main(args) -> int:
+    import pathlib
+
+    from torch_tpu import _config
+
+    if args.write:
+        readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+        readme.write_text(_config.readme_with_table(readme.read_text()))
+        print(f"wrote the settings table into {readme}")
+        return 0
+    print(_config.markdown_table(), end="")
+    for name in _config.SETTINGS:
+        if _config.is_set(name):
+            print(f"set here: {name} -> {_config.get(name)!r}")
+    for name in _config.undeclared():
+        print(f"set here but not a torch_tpu setting (a typo?): {name}")
+    return 0
+
+
 # ---------------------------------------------------------------- the table
 def _module(path: str):
     """(add_arguments, main) of a command that lives in module `path`."""
@@ -87,6 +112,8 @@ COMMANDS = {
               _add_bench_arguments, _bench_main),
     "validate": ("sweeps on tpu vs CPU: validate ops|models|report (docs/VALIDATION.md)",
                  *_module("torch_tpu.validation.cli")),
+    "settings": ("every TORCH_TPU_* setting: type, default, when it is read (--write: README)",
+                 _add_settings_arguments, _settings_main),
 }
 
 

@@ -31,29 +31,17 @@ import warnings
 
 import jax
 
+from . import _config
+
 _MAGIC = b"TTPU1"
 _DIGEST = 32
 _state = {"dir": None, "listening": False}
 _hit = threading.local()
 
 
-def default_dir() -> pathlib.Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "torch_tpu" / "xla"
-
-
 def cache_dir() -> pathlib.Path | None:
     """The directory in use, or None when the persistent cache is off."""
     return _state["dir"]
-
-
-def _configured_dir() -> pathlib.Path | None:
-    value = os.environ.get("TORCH_TPU_CACHE_DIR")
-    if value is None:
-        return default_dir()
-    if value.strip() in ("", "0"):
-        return None
-    return pathlib.Path(value).expanduser()
 
 
 class _CheckedCache:
@@ -112,7 +100,7 @@ def setup(path: str | os.PathLike | None = None) -> pathlib.Path | None:
     from jax._src import compilation_cache as cc
 
     _listen()
-    target = pathlib.Path(path) if path is not None else _configured_dir()
+    target = pathlib.Path(path) if path is not None else _config.get("TORCH_TPU_CACHE_DIR")
     if target is None:
         return None
     try:

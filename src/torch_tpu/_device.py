@@ -2,7 +2,6 @@
 synchronize, device properties."""
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import types
@@ -12,7 +11,7 @@ import torch
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import _C  # noqa: E402  (the C++ piece: allocator, generator, guard, hooks)
-from . import _runtime, _storage  # noqa: E402
+from . import _patches, _runtime  # noqa: E402
 from ._rng import default_generator  # noqa: E402
 from .eager import current  # noqa: E402
 
@@ -214,103 +213,15 @@ def _make_module() -> types.ModuleType:
     return mod
 
 
-def _print_from_host() -> None:
-    """Format tpu tensors from a host copy: torch's formatter otherwise runs a dozen small
-    ops (abs, isfinite, masked_select, ...) on the device, each a compile on first use.
-    The device suffix (device='tpu:0') is still added by torch from the original tensor."""
-    import torch._tensor_str as ts
-
-    original = ts._tensor_str
-
-    def _tensor_str(self, indent):
-        if self.device.type == "tpu":
-            from ._transfer import to_cpu
-
-            self = to_cpu(self, "print")
-        return original(self, indent)
-
-    ts._tensor_str = _tensor_str
-
-
 def register() -> types.ModuleType:
     mod = _make_module()
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     torch._register_device_module("tpu", mod)
     sys.modules["torch.tpu"] = mod
     _C.set_sync_callback(synchronize)
-    _print_from_host()
-    _storage.install_file_io()
     # Module.to("tpu") must keep tied weights tied (lm_head.weight is embed_tokens.weight):
     # cpu and tpu tensors are not shallow-copy compatible, so without swapping, _apply
     # makes a new Parameter per module.
     torch.__future__.set_swap_module_params_on_conversion(True)
-    _apply_falls_back_from_swap()
-    _backward_on_calling_thread()
+    _patches.apply_at_import()
     return mod
-
-
-def _backward_on_calling_thread() -> None:
-    """Run backward passes on the thread that calls them, for every caller.
-
-    By default the autograd engine hands the nodes of an accelerator to one worker thread
-    per device, and the caller waits. For CUDA that thread keeps kernel launches away from
-    the caller; tpu ops are asynchronous already, and the hand-off cost ~0.4 ms on a
-    trivial backward and ~1 ms (~15%) of a compiled small-Llama step (measured with and
-    without, interleaved). `torch.autograd.set_multithreading_enabled(False)`
-    is the engine's own switch for this; it is thread-local, so it is set around each
-    backward call rather than once. A caller that disabled it already is left alone.
-
-    A backward call is also a DeferAndFuse flush point ("backward"): the forward graph
-    recorded so far starts running on the device while Python records the backward, and
-    the backward and optimizer graph, flushed by the step's `loss.item()`, runs while the
-    next step's forward records. One fused graph per step left the device idle during
-    all of the recording and Python idle during all of the run."""
-    import torch.autograd as autograd
-    import torch.autograd.graph as graph
-
-    backward_pass = current.backward_pass
-
-    run = graph._engine_run_backward
-    if getattr(run, "_tpu_calling_thread", False):
-        return
-    enabled, set_enabled = torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled
-
-    def _engine_run_backward(*args, **kwargs):
-        with backward_pass():
-            if not enabled():
-                return run(*args, **kwargs)
-            set_enabled(False)
-            try:
-                return run(*args, **kwargs)
-            finally:
-                set_enabled(True)
-
-    _engine_run_backward._tpu_calling_thread = True
-    graph._engine_run_backward = _engine_run_backward
-    autograd._engine_run_backward = _engine_run_backward
-
-
-def _apply_falls_back_from_swap() -> None:
-    """Swapping needs the parameter held by nobody else; an autograd graph may hold it
-    (nn.utils.weight_norm keeps `weight` computed from weight_g/weight_v from the start,
-    a CPU forward's outputs kept alive). There CUDA's `param.data = ...` still works; here
-    the module that refused is converted again without swapping: its parameters become
-    new Parameter objects, as torch does for any device pair it cannot shallow-copy."""
-    apply = torch.nn.Module._apply
-    if getattr(apply, "_tpu_fallback", False):
-        return
-
-    def _apply(self, fn, recurse=True):
-        try:
-            return apply(self, fn, recurse)
-        except RuntimeError as e:
-            if "Couldn't swap" not in str(e) or not torch.__future__.get_swap_module_params_on_conversion():
-                raise
-        torch.__future__.set_swap_module_params_on_conversion(False)
-        try:
-            return apply(self, fn, recurse)
-        finally:
-            torch.__future__.set_swap_module_params_on_conversion(True)
-
-    _apply._tpu_fallback = True
-    torch.nn.Module._apply = _apply

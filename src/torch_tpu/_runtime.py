@@ -5,8 +5,6 @@ silently become 32-bit, and torch's int64 indices and float64 math would not sta
 """
 from __future__ import annotations
 
-import os
-
 import jax
 
 jax.config.update("jax_enable_x64", True)
@@ -15,6 +13,8 @@ import jax.numpy as jnp  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+from . import _config  # noqa: E402
 
 TORCH_TO_JAX = {
     torch.float32: jnp.dtype(jnp.float32),
@@ -69,7 +69,7 @@ def _select_device():
 
     One process per device, as on TPU pods; `TORCH_TPU_PLATFORM` picks a platform
     (tpu, cuda, cpu) when several are installed."""
-    platform = os.environ.get("TORCH_TPU_PLATFORM")
+    platform = _config.get("TORCH_TPU_PLATFORM")
     devices = jax.local_devices(backend=platform) if platform else jax.local_devices()
     return devices[0]
 

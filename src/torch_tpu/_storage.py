@@ -94,33 +94,6 @@ def set_buffer(storage, buf, n=None, dtype=None):
         realized(storage)
 
 
-def install_file_io() -> None:
-    """torch.save's legacy writer (also used by pickle) and its reader move a device
-    storage's bytes through `at::from_blob(storage.data_ptr())`: a second storage at the
-    same address that does not share our buffer attribute. Route tpu storages through a
-    host copy instead."""
-    import torch
-
-    write_file = torch.UntypedStorage._write_file
-    set_from_file = torch.UntypedStorage._set_from_file
-
-    def _write_file(self, *args, **kwargs):
-        if self.device.type == "tpu":
-            self = self.cpu()
-        return write_file(self, *args, **kwargs)
-
-    def _set_from_file(self, *args, **kwargs):
-        if self.device.type != "tpu":
-            return set_from_file(self, *args, **kwargs)
-        host = torch.UntypedStorage(self.nbytes())
-        result = set_from_file(host, *args, **kwargs)
-        self.copy_(host)
-        return result
-
-    torch.UntypedStorage._write_file = _write_file
-    torch.UntypedStorage._set_from_file = _set_from_file
-
-
 def has_buffer(storage) -> bool:
     return getattr(storage, ATTR, None) is not None
 

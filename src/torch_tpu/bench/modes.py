@@ -24,56 +24,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import dataclasses
 import gc
 import os
 import time
 
 import torch
 
-from . import common
-
-VARIANTS = ("strict", "defer_and_fuse", "debug", "cpu")
-LABELS = {"strict": "Strict", "defer_and_fuse": "DeferAndFuse", "debug": "Debug",
-          "cpu": "CPU eager"}
-KINDS = ("llama", "qwen2")
-KIND_LABELS = {"llama": "Llama", "qwen2": "Qwen2"}
-TRAIN, INFER = "train", "infer"
-
-TARGET_DEFER_VS_STRICT = 1.5   # the issue's floor (the reference's claim); aim 2x
-TARGET_DEFER_VS_CPU_TRAIN = 1.0
-TARGET_MEM_RATIO = 1.0
-TARGET_RECORD_US = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    hidden: int = 64
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
-    vocab: int = 256
-    seq: int = 32          # training sequence length
-    batch: int = 4         # training batch
-    lr: float = 3e-3
-    prompt: int = 8        # inference prompt length
-    new_tokens: int = 8    # greedy tokens generated per call
-    gen_batch: int = 2
-    seed: int = 0
-
-    @property
-    def train_tokens(self) -> int:
-        return self.batch * self.seq
-
-    @property
-    def infer_tokens(self) -> int:
-        return self.gen_batch * self.new_tokens
-
-    def describe(self) -> str:
-        return (f"hidden {self.hidden}, {self.layers} layers, {self.heads} heads "
-                f"({self.kv_heads} KV), vocab {self.vocab}, fp32; train batch x seq = "
-                f"{self.batch} x {self.seq}; generate: batch {self.gen_batch}, prompt "
-                f"{self.prompt}, {self.new_tokens} new tokens")
+from . import common, modes_report
+from .modes_types import INFER, KINDS, TRAIN, VARIANTS, RecordResult, Spec, WorkloadResult
 
 
 # ---------------------------------------------------------------- models
@@ -239,39 +197,6 @@ class Runner:
         self.model = self.opt = None
 
 
-@dataclasses.dataclass
-class WorkloadResult:
-    kind: str
-    workload: str
-    tokens: int                                                  # per call
-    seconds: dict = dataclasses.field(default_factory=dict)      # variant -> median s per call
-    best: dict = dataclasses.field(default_factory=dict)         # variant -> fastest call s
-    peak: dict = dataclasses.field(default_factory=dict)         # variant -> peak bytes (max)
-    resident: dict = dataclasses.field(default_factory=dict)     # variant -> own bytes
-    first_s: dict = dataclasses.field(default_factory=dict)      # variant -> first call s
-    first_counts: dict = dataclasses.field(default_factory=dict)
-    warm_counts: dict = dataclasses.field(default_factory=dict)
-    counts: dict = dataclasses.field(default_factory=dict)       # over the measured calls
-    samples: dict = dataclasses.field(default_factory=dict)      # variant -> number of calls
-    errors: dict = dataclasses.field(default_factory=dict)
-    agree: dict = dataclasses.field(default_factory=dict)        # variant -> matches CPU?
-    reasons: list = dataclasses.field(default_factory=list)      # fused recompile reasons
-
-    def tok_s(self, v: str) -> float:
-        s = self.seconds.get(v, float("nan"))
-        return self.tokens / s if s == s and s > 0 else float("nan")
-
-    def ratio(self, a: str, b: str) -> float:
-        x, y = self.tok_s(a), self.tok_s(b)
-        return x / y if x == x and y == y and y > 0 else float("nan")
-
-    def best_ratio(self, a: str, b: str) -> float:
-        """Throughput ratio of the fastest calls: what each variant costs when the other
-        jobs on the machine leave it alone."""
-        x, y = self.best.get(a), self.best.get(b)
-        return y / x if x and y else float("nan")
-
-
 def measure(base, kind: str, workload: str, spec: Spec, variants=VARIANTS, rounds: int = 5,
             warmup: int = 1, progress=None) -> WorkloadResult:
     """First call, `warmup` calls, then `rounds` interleaved calls of each variant."""
@@ -334,15 +259,6 @@ def measure(base, kind: str, workload: str, spec: Spec, variants=VARIANTS, round
 
 
 # ---------------------------------------------------------------- per-op recording cost
-@dataclasses.dataclass
-class RecordResult:
-    n_ops: int
-    us: dict = dataclasses.field(default_factory=dict)   # name -> median µs per op
-    us_best: dict = dataclasses.field(default_factory=dict)  # name -> fastest round's µs per op
-    flushed_while_recording: int = 0
-    errors: dict = dataclasses.field(default_factory=dict)
-
-
 def _chain(x, b, n):
     """`n` small ops, four different ones in turn (shorter than loop detection's minimum
     period, so recording them never triggers a flush)."""
@@ -467,8 +383,6 @@ def main(args) -> int:
                                        warmup=2 if w == TRAIN else 1, progress=bar))
         bar.set_description("bench modes: per-op cost")
         rec = measure_record(args.record_ops, args.record_rounds, bar)
-    from . import modes_report
-
     text = modes_report.render(results, rec, spec, rounds, time.perf_counter() - t_start)
     print(text)
     if not args.no_write:

@@ -3,9 +3,9 @@ docs/PERFORMANCE.md, the verdicts against the issue's targets, and the charts.""
 from __future__ import annotations
 
 from . import common
-from .modes import (INFER, KIND_LABELS, LABELS, TARGET_DEFER_VS_CPU_TRAIN,
-                    TARGET_DEFER_VS_STRICT, TARGET_MEM_RATIO, TARGET_RECORD_US, TRAIN, VARIANTS,
-                    RecordResult, Spec, WorkloadResult)
+from .modes_types import (INFER, KIND_LABELS, LABELS, TARGET_DEFER_VS_CPU_TRAIN,
+                          TARGET_DEFER_VS_STRICT, TARGET_MEM_RATIO, TARGET_RECORD_US, TRAIN,
+                          VARIANTS, RecordResult, Spec, WorkloadResult)
 
 
 def _fmt(x: float, digits: int = 1) -> str:

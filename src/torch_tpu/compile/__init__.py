@@ -24,10 +24,9 @@ import itertools
 import sys
 import warnings
 
-import torch
-
-from .. import metrics
-from .lower import UnsupportedGraph, decompositions
+from .. import _patches, metrics
+from ..lowering import decomp
+from .lower import UnsupportedGraph
 from .program import Program
 
 BACKEND_NAME = "tpu"
@@ -77,7 +76,7 @@ def _aot_backend():
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),
         inference_compiler=_compiler("inference"),
-        decompositions=decompositions(),
+        decompositions=decomp.DECOMPOSITIONS,
         # recompute cheap ops in backward rather than save them: fewer outputs to carry
         partition_fn=min_cut_rematerialization_partition,
         keep_inference_input_mutations=True,
@@ -88,7 +87,7 @@ def _aot_backend():
 def setup_dynamo() -> None:
     """What dynamo needs before it traces anything for tpu; idempotent."""
     _skip_runtime_frames()
-    _capturable_optimizers()
+    _patches.apply_with_dynamo()
 
 
 def _skip_runtime_frames() -> None:
@@ -101,29 +100,6 @@ def _skip_runtime_frames() -> None:
 
     for name in ("torch_tpu", "jax", "jaxlib", "ml_dtypes"):
         trace_rules.add(name)
-
-
-def _capturable_optimizers() -> None:
-    """Compiled optimizer steps keep their state on the device, as dynamo arranges for
-    CUDA and XPU: dynamo sets `capturable=True` on a param group it traces for the first
-    time (state not yet created) only when every param is a CUDA or XPU tensor, and
-    otherwise `_init_group` puts each `step` counter on the CPU. For tpu params that would
-    leave a host-side computation per param in the graph, and a transfer every step."""
-    from torch._dynamo.variables.optimizer import OptimizerVariable
-
-    original = OptimizerVariable._set_capturable
-
-    def _set_capturable(self, tx):
-        opt = self.value
-        for group in opt.param_groups:
-            params = group.get("params", [])
-            if ("capturable" in group and params
-                    and all(isinstance(p, torch.Tensor) and p.device.type == "tpu" for p in params)
-                    and all(p not in opt.state for p in params)):
-                group["capturable"] = True
-        return original(self, tx)
-
-    OptimizerVariable._set_capturable = _set_capturable
 
 
 def backend(gm, example_inputs, **kwargs):

@@ -7,14 +7,15 @@ ops), and its results are cast to the dtypes in `node.meta["val"]`, torch's own 
 
 A few ops never reach the table in eager mode, because C++ kernels or torch's composite
 kernels handle them before a lowering is looked up. In a functional graph they are plain
-value ops, so `GRAPH_RULES` gives each its meaning here, with the reason:
+value ops, so a compile-only rule (`registry.lowering(..., graph_only=True)`, the table's
+GRAPH_ONLY part) gives each its meaning here, with the reason:
   - views (`view`, `t`, `slice`, ...): the table has their functional `*_copy` twins;
   - factories (`empty`, `full`, `zeros`, `scalar_tensor`, `rand`, ...): eager builds them
     from `empty` (C++) and `fill_`/`uniform_`, so the graph builds them from the result's
     shape and dtype in node.meta;
   - `_to_copy`, `detach`, `alias`, `lift_fresh_copy`: no new values, only a dtype cast.
-Ops that only torch's own decomposition table covers are decomposed while AOTAutograd
-traces (`decompositions()`), so they arrive here as ops the table has.
+Ops listed in lowering/decomp.py (torch's own decompositions, each with its reason) are
+decomposed while AOTAutograd traces, so they arrive here as ops the table has.
 """
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ import torch
 from jax._src.lax import lax as _lax_internal
 
 from .. import _runtime, _storage
-from ..eager.opcall import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST,
-                            STATIC, TENSOR, TENSOR_LIST, _kind)
 from ..lowering import registry
+from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST,
+                               TENSOR_LIST, OpSchema)
 
 aten = torch.ops.aten
 
@@ -39,32 +40,16 @@ class UnsupportedGraph(Exception):
 
 
 # ---------------------------------------------------------------- per-overload facts
-class OpInfo:
-    """What lowering one OpOverload needs, computed once per overload."""
+class OpInfo(OpSchema):
+    """The schema's facts (lowering/schema.py, shared with eager) and how to call the
+    lowering on a node's JAX values. `mutable` (in-place and out= ops) is rare after
+    functionalization, but the input-mutation epilogue is copy_ into graph inputs."""
 
-    __slots__ = ("op", "fn", "names", "npos", "defaults", "kinds", "seeded", "mutated",
-                 "wants_meta")
+    __slots__ = ("wants_meta",)
 
     def __init__(self, op, fn, wants_meta):
-        schema = op._schema
-        self.op = op
-        self.fn = fn
-        self.wants_meta = wants_meta  # a GRAPH_RULES entry: also gets meta=node.meta["val"]
-        args = schema.arguments
-        self.names = tuple(a.name for a in args)
-        self.npos = sum(1 for a in args if not a.kwarg_only)
-        self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
-        kinds = [_kind(a) for a in args]
-        if not any(k in (TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST) for k in kinds):
-            # factories (arange, full): their scalars decide shapes, so they stay Python
-            # numbers, as the eager executor keys them by value
-            kinds = [STATIC if k == SCALAR else k for k in kinds]
-        self.kinds = tuple(kinds)
-        self.seeded = registry.seeded(op, fn) or op in _SEEDED_RULES
-        # argument indices the op writes (in-place and out= ops: rare after functionalization,
-        # but the input-mutation epilogue is copy_ into graph inputs)
-        self.mutated = tuple(i for i, a in enumerate(args)
-                             if a.alias_info is not None and a.alias_info.is_write)
+        super().__init__(op, fn)
+        self.wants_meta = wants_meta  # a compile-only rule: also gets meta=node.meta["val"]
 
     def normalize(self, args, kwargs):
         vals = list(args)
@@ -83,7 +68,7 @@ class OpInfo:
             kw["generator"] = key
         if self.wants_meta:
             kw["meta"] = meta
-        return self.fn(*vals[:npos], **kw)
+        return self.lowering(*vals[:npos], **kw)
 
 
 def _weak(v):
@@ -106,10 +91,10 @@ _INFOS: dict = {}
 
 
 def op_info(op):
-    """OpInfo for `op`, or None when neither the table nor GRAPH_RULES can lower it."""
+    """OpInfo for `op`, or None when the table cannot lower it."""
     info = _INFOS.get(op)
     if info is None and op not in _INFOS:
-        rule = GRAPH_RULES.get(op)
+        rule = registry.GRAPH_ONLY.get(op)
         fn = rule or registry.lookup(op) or _view_twin(op)
         info = _INFOS[op] = OpInfo(op, fn, rule is not None) if fn is not None else None
     return info
@@ -125,18 +110,11 @@ def _view_twin(op):
     return registry.LOWERINGS.get(twin) if twin is not None else None
 
 
-# ---------------------------------------------------------------- GRAPH_RULES
+# ---------------------------------------------------------------- compile-only rules
 # Each rule takes the op's arguments like a lowering, plus `meta=` (node.meta["val"]): the
 # factories read the result's shape and dtype from it.
-GRAPH_RULES: dict = {}
-
-
 def _rule(*ops):
-    def register(fn):
-        for op in ops:
-            GRAPH_RULES[op] = fn
-        return fn
-    return register
+    return registry.lowering(*ops, graph_only=True)
 
 
 def _dtype(meta):
@@ -232,7 +210,9 @@ def _sym_numel(self, meta=None):
 
 def _sampler(size_arg, draw):
     """A random factory: torch's composite fills `empty` with uniform_/normal_/random_,
-    so the graph draws with those ops' lowerings into zeros of the result's shape."""
+    so the graph draws with those ops' lowerings into zeros of the result's shape. It
+    needs a key whether or not its op's tags say so."""
+    @registry.draws
     def rule(*args, meta, generator, **kwargs):
         base = jnp.zeros(_shape_of(args[size_arg]), _dtype(meta))
         return draw(base, args, generator)
@@ -255,30 +235,6 @@ _rule(aten.randint_like.default)(_sampler(
     0, lambda z, a, g: _lowering(aten.random.to)(z, a[1], generator=g)))
 _rule(aten.randint_like.low_dtype)(_sampler(
     0, lambda z, a, g: _lowering(getattr(aten.random, "from"))(z, a[1], a[2], generator=g)))
-
-
-# the random factories need a key whether or not their tags say so
-_SEEDED_RULES = {aten.rand.default, aten.rand_like.default, aten.randn.default,
-                 aten.randn_like.default, aten.randint.low, aten.randint.default,
-                 aten.randint_like.low_dtype, aten.randint_like.default}
-
-
-def decompositions() -> dict:
-    """torch's aten-level decompositions for ops neither the table nor GRAPH_RULES lowers
-    (slice_backward, select_backward, ...). Only those written in aten ops: the `_refs`
-    ones produce prims, which the table does not know."""
-    from torch._decomp import decomposition_table
-
-    out = {}
-    for op, fn in decomposition_table.items():
-        if getattr(fn, "__module__", "") != "torch._decomp.decompositions":
-            continue
-        if not isinstance(op, torch._ops.OpOverload) or op.is_view:
-            continue
-        if op in GRAPH_RULES or registry.lookup(op) is not None:
-            continue
-        out[op] = fn
-    return out
 
 
 # ---------------------------------------------------------------- the graph
@@ -321,12 +277,12 @@ class GraphLowering:
                     if info is None:
                         missing.add(str(t))
                         continue
-                    if info.fn in (_as_strided, _as_strided_scatter) \
+                    if info.lowering in (_as_strided, _as_strided_scatter) \
                             and not _whole_storage(n.args[0]):
                         missing.add(f"{t} of a view (its storage is not in the graph)")
                     if info.seeded:
                         self.seeded[n] = len(self.seeded)
-                    for i in info.mutated:
+                    for i in info.mutable:
                         for target in _targets(_arg(n, info, i)):
                             if target.op == "placeholder":
                                 self.mutated_inputs.add(self.ph_index[target])
@@ -392,7 +348,7 @@ class GraphLowering:
                     e.add_note(f"torch_tpu compile: while lowering {n.format_node()}")
                     raise
                 out = _cast_like(out, meta)
-                if info.mutated:
+                if info.mutable:
                     self._mutate(n, info, out, env, write)
                 env[n] = out
             elif op == "get_attr":
@@ -404,8 +360,8 @@ class GraphLowering:
         """An in-place op: the lowering returned the written arguments' new values. A
         graph input gets them written into its storage; any other node takes the new
         value (functionalization leaves no reader of the old one)."""
-        news = out if len(info.mutated) > 1 else [out]
-        for i, new in zip(info.mutated, news):
+        news = out if len(info.mutable) > 1 else [out]
+        for i, new in zip(info.mutable, news):
             arg = _arg(n, info, i)
             targets = _targets(arg)
             values = new if isinstance(arg, (list, tuple)) else [new]

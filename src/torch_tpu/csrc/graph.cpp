@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "contracts.h"
 #include "slots.h"
 
 namespace torch_tpu {
@@ -57,7 +58,8 @@ PyTypeObject* g_lazy_type = nullptr;
 PyObject* g_names[3];  // "fresh" (an assemble tag), "dtype", "size"
 
 enum { N_FRESH, N_DTYPE, N_SIZE };
-SlotAttr g_fresh("fresh"), g_out_recs("out_recs"), g_mut_slots("mut_slots"), g_structure("structure");
+SlotAttr g_fresh("Entry", "fresh"), g_out_recs("Entry", "out_recs"), g_mut_slots("Entry", "mut_slots"),
+    g_structure("Entry", "structure");
 
 NodeObject* new_node(PyObject* entry, PyObject* bufs, PyObject* dyns, PyObject* frame) {
   auto* n = reinterpret_cast<NodeObject*>(g_node_type->tp_alloc(g_node_type, 0));
@@ -362,6 +364,7 @@ PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 //   (node << 20 | output), and a dyn type is the id of the scalar's dtype (or Python
 //   type: seeds and offsets). Entries stay alive in their plan's cache, dtypes and types
 //   are interned: their ids are stable keys.
+//   This layout is exported as _C.CONTRACTS["key_layout"] (add_graph_functions).
 constexpr int kOutBits = 20;
 
 PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -613,6 +616,12 @@ void add_graph_functions(PyObject* module) {
     throw std::runtime_error("graph types");
   Py_INCREF(g_node_type);  // PyModule_AddObject stole one; these globals keep theirs
   Py_INCREF(g_lazy_type);
+  // flush_plan's key, as fuse._decode reads it: int64 words; the node records, then the
+  // counted sections in this order
+  add_contract(module, "key_layout",
+               Py_BuildValue("{s:i,s:i,s:(sss),s:(sssss)}", "word_bytes", static_cast<int>(sizeof(int64_t)),
+                             "out_bits", kOutBits, "node", "entry", "n_inputs", "inputs", "sections",
+                             "nodes", "outputs", "dyn_slots", "dyn_types", "donated"));
 }
 
 }  // namespace torch_tpu

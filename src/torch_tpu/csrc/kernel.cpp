@@ -13,6 +13,10 @@
 // on any thread (set_executor), else modes.executor() is asked (threads Python did not
 // start follow the blocks open elsewhere). Executors live as long as the process, so
 // these are borrowed.
+//
+// The Python names called or read here are exported in _C.CONTRACTS (contracts.h):
+// "execute" of every executor, DeferExecutor's _graph_starts, _loop_flush and loop, an
+// OpPlan's cache, cspec and name, and the slots read at their offsets (slots.h).
 #include <Python.h>
 #include <structmember.h>
 
@@ -20,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "contracts.h"
 #include "slots.h"
 
 namespace torch_tpu {
@@ -159,10 +164,15 @@ PyObject* g_defer = nullptr;        // the DeferExecutor
 LoopObject* g_loop = nullptr;       // and its loop detector
 PyObject* g_counters = nullptr;     // metrics.counters
 PyObject* g_dispatch_counter = nullptr;  // its key there
-// method names of the executor
-PyObject* g_str[3];
-enum { S_EXECUTE, S_GRAPH_STARTS, S_LOOP_FLUSH };
-SlotAttr g_entry_fn("fn"), g_ex_nodes("nodes"), g_ex_in_backward("in_backward");
+// method names of the executor: "execute" every executor has, the others DeferExecutor
+enum { S_EXECUTE, S_GRAPH_STARTS, S_LOOP_FLUSH, N_METHODS };
+const char* const kMethodNames[N_METHODS] = {"execute", "_graph_starts", "_loop_flush"};
+PyObject* g_str[N_METHODS];
+// attributes read by name: an OpPlan's (kernel_new, kernel_repr), the DeferExecutor's
+// (kernel_setup)
+const char kPlanCache[] = "cache", kPlanCSpec[] = "cspec", kPlanName[] = "name", kDeferLoop[] = "loop";
+SlotAttr g_entry_fn("Entry", "fn"), g_ex_nodes("DeferExecutor", "nodes"),
+    g_ex_in_backward("DeferExecutor", "in_backward");
 
 PyObject* execute_in_python(PyObject* ex, PyObject* plan, PyObject* vals) {
   return PyObject_CallMethodObjArgs(ex, g_str[S_EXECUTE], plan, vals, nullptr);
@@ -271,11 +281,12 @@ PyObject* kernel_call(PyObject* o, PyObject* args, PyObject* kwargs) {
 PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   PyObject* plan;
   if (!PyArg_ParseTuple(args, "O", &plan)) return nullptr;
-  PyObject* cache = PyObject_GetAttrString(plan, "cache");
-  PyObject* spec = cache == nullptr ? nullptr : PyObject_GetAttrString(plan, "cspec");
+  PyObject* cache = PyObject_GetAttrString(plan, kPlanCache);
+  PyObject* spec = cache == nullptr ? nullptr : PyObject_GetAttrString(plan, kPlanCSpec);
   KernelObject* self = nullptr;
-  if (spec != nullptr && (!PyDict_CheckExact(cache) || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 6))
-    PyErr_SetString(PyExc_TypeError, "OpKernel(plan): plan.cache must be a dict, plan.cspec a 6-tuple");
+  if (spec != nullptr &&
+      (!PyDict_CheckExact(cache) || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != CSPEC_SIZE))
+    PyErr_SetString(PyExc_TypeError, "OpKernel(plan): plan.cache must be a dict, plan.cspec a CSpec");
   else if (spec != nullptr)
     self = reinterpret_cast<KernelObject*>(type->tp_alloc(type, 0));
   if (self == nullptr) {
@@ -307,7 +318,7 @@ PyObject* kernel_plan(PyObject* o, void*) {
 }
 
 PyObject* kernel_repr(PyObject* o) {
-  PyObject* name = PyObject_GetAttrString(reinterpret_cast<KernelObject*>(o)->plan, "name");
+  PyObject* name = PyObject_GetAttrString(reinterpret_cast<KernelObject*>(o)->plan, kPlanName);
   if (name == nullptr) return nullptr;
   PyObject* r = PyUnicode_FromFormat("<tpu kernel of %S>", name);
   Py_DECREF(name);
@@ -341,7 +352,7 @@ PyObject* kernel_setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   LoopObject* loop = nullptr;  // the executor keeps its detector for life
   if (args[1] != Py_None) {
-    PyObject* l = PyObject_GetAttrString(args[1], "loop");
+    PyObject* l = PyObject_GetAttrString(args[1], kDeferLoop);
     if (l == nullptr) return nullptr;
     if (Py_TYPE(l) != g_loop_type) {
       Py_DECREF(l);
@@ -390,8 +401,7 @@ PyObject* run_op_kernel(PyObject* kernel, PyObject* vals) {
 bool is_op_kernel(PyObject* o) { return g_kernel_type != nullptr && Py_TYPE(o) == g_kernel_type; }
 
 void add_kernel_functions(PyObject* module) {
-  const char* names[] = {"execute", "_graph_starts", "_loop_flush"};
-  for (int i = 0; i < 3; ++i) g_str[i] = PyUnicode_InternFromString(names[i]);
+  for (int i = 0; i < N_METHODS; ++i) g_str[i] = PyUnicode_InternFromString(kMethodNames[i]);
   g_loop_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&loop_spec));
   auto* kernel_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&kernel_spec));
   g_kernel_type = kernel_type;
@@ -402,6 +412,11 @@ void add_kernel_functions(PyObject* module) {
     throw std::runtime_error("kernel types");
   Py_INCREF(g_loop_type);  // PyModule_AddObject stole one; the globals keep their own
   Py_INCREF(g_kernel_type);
+  add_names(module, "methods", "executor", {kMethodNames[S_EXECUTE]});
+  add_names(module, "methods", "DeferExecutor", {kMethodNames[S_GRAPH_STARTS], kMethodNames[S_LOOP_FLUSH]});
+  add_names(module, "attributes", "OpPlan", {kPlanCache, kPlanCSpec, kPlanName});
+  add_names(module, "attributes", "DeferExecutor", {kDeferLoop});
+  export_slots(module);  // every file's SlotAttrs (graph.cpp's too)
 }
 
 }  // namespace torch_tpu

@@ -1,6 +1,7 @@
 // The per-op hot path of the eager executors, in C: an op call's arguments in schema
 // order (normalize) and their cache key (scan). This file's method table also registers
-// frames.cpp's user_line.
+// frames.cpp's functions, and it exports the argument-kind numbering and the cspec's
+// field order (contracts.h).
 //
 // scan(plan, vals) does what OpPlan.scan (eager/opcall.py) does for the common case, and
 // builds the same key (shapes as plain tuples, which hash and compare like torch.Size):
@@ -27,6 +28,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "contracts.h"
+
 namespace torch_tpu {
 
 PyObject* g_record_attr = nullptr;  // the storage attribute holding (buffer, length, dtype)
@@ -37,12 +40,9 @@ PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals);
 
 namespace {
 
-// argument kinds, as in eager/opcall.py
-enum Kind { TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC, STATIC_NUMBER };
-
 PyObject* g_scalars = nullptr;  // opcall._SCALARS: (type, value) -> device scalar
 PyObject* g_make_scalar = nullptr;  // opcall.device_scalar: makes and caches a missing one
-PyObject* g_cspec = nullptr;    // "cspec": a plan's (kinds, written indices, python_only, npos, names, defaults)
+PyObject* g_cspec = nullptr;    // "cspec": a plan's CSpec (contracts.h)
 PyObject* g_eq = nullptr;       // "=" (the key part of a None/bool scalar)
 PyObject* g_hash = nullptr;     // "#" (the key part of a number passed for a tensor)
 
@@ -252,7 +252,7 @@ bool shares_storage(PyObject* recs, const std::vector<Py_ssize_t>& mut) {
 }
 
 // normalize(plan, args, kwargs) -> vals: one value per schema argument, in schema order,
-// defaults filled in (what the executors take). cspec[3:] = (npos, names, defaults).
+// defaults filled in (what the executors take), from the cspec's npos, names and defaults.
 PyObject* normalize(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "normalize(plan, args: tuple, kwargs: dict)");
@@ -287,9 +287,9 @@ PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs) {
     return nullptr;
   }
   if (kwargs == nullptr) kwargs = Py_None;
-  const Py_ssize_t npos = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 3));
-  PyObject* names = PyTuple_GET_ITEM(spec, 4);
-  PyObject* defaults = PyTuple_GET_ITEM(spec, 5);
+  const Py_ssize_t npos = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, CSPEC_NPOS));
+  PyObject* names = PyTuple_GET_ITEM(spec, CSPEC_NAMES);
+  PyObject* defaults = PyTuple_GET_ITEM(spec, CSPEC_DEFAULTS);
   const Py_ssize_t total = PyTuple_GET_SIZE(names);
   const Py_ssize_t n = PyTuple_GET_SIZE(args);
   PyObject* vals = PyList_New(std::max(n, npos) + (total - npos));
@@ -325,11 +325,11 @@ PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals) {
     PyErr_SetString(PyExc_TypeError, "scan(plan, vals: list)");
     return nullptr;
   }
-  PyObject* kinds = PyTuple_GET_ITEM(spec, 0);
-  PyObject* mutated = PyTuple_GET_ITEM(spec, 1);  // indices of the arguments the op writes
+  PyObject* kinds = PyTuple_GET_ITEM(spec, CSPEC_KINDS);
+  PyObject* mutated = PyTuple_GET_ITEM(spec, CSPEC_MUTATED);  // indices of the arguments the op writes
   const bool mutable_ = PyTuple_GET_SIZE(mutated) > 0;
   std::vector<Py_ssize_t> mut_recs;  // positions in s.recs of the written tensors' records
-  const bool python_only = PyTuple_GET_ITEM(spec, 2) == Py_True;
+  const bool python_only = PyTuple_GET_ITEM(spec, CSPEC_PYTHON_ONLY) == Py_True;
   const Py_ssize_t n = PyList_GET_SIZE(vals);
   if (python_only || PyTuple_GET_SIZE(kinds) < n) Py_RETURN_NONE;
   Scan s{PyList_New(0), PyList_New(0), mutable_ ? PyList_New(0) : nullptr};
@@ -501,7 +501,9 @@ PyObject* program_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return result;
 }
 
-PyObject* user_line(PyObject*, PyObject*);  // frames.cpp
+PyObject* user_line(PyObject*, PyObject*);         // frames.cpp
+PyObject* frames_setup(PyObject*, PyObject*);      // frames.cpp
+PyObject* is_internal_code(PyObject*, PyObject*);  // frames.cpp
 
 namespace {
 
@@ -515,13 +517,42 @@ PyMethodDef g_methods[] = {
     {"program_scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(program_scan)), METH_FASTCALL,
      "program_scan(kinds, args) -> (parts, bufs, storages) of a compiled graph's call, or None"},
     {"user_line", user_line, METH_NOARGS,
-     "user_line() -> (file, line) of the innermost caller outside torch and torch_tpu"},
+     "user_line() -> (file, line) of the innermost caller whose code is not internal"},
+    {"frames_setup", frames_setup, METH_O,
+     "frames_setup(prefixes): the directories whose code is internal (torch's, torch_tpu's)"},
+    {"is_internal_code", is_internal_code, METH_O,
+     "is_internal_code(code) -> whether the code is torch's, torch_tpu's or importlib's"},
     {nullptr, nullptr, 0, nullptr}};
+
+// _C.CONTRACTS["kinds"]: name -> number
+PyObject* kinds_contract() {
+  PyObject* d = PyDict_New();
+  for (int k = 0; d != nullptr && k < N_KINDS; ++k) {
+    PyObject* v = PyLong_FromLong(k);
+    if (v == nullptr || PyDict_SetItemString(d, kKindNames[k], v) < 0) Py_CLEAR(d);
+    Py_XDECREF(v);
+  }
+  return d;
+}
+
+// _C.CONTRACTS["cspec"]: the field names, in order
+PyObject* cspec_contract() {
+  PyObject* t = PyTuple_New(CSPEC_SIZE);
+  for (int i = 0; t != nullptr && i < CSPEC_SIZE; ++i) {
+    PyObject* s = PyUnicode_FromString(kCSpecNames[i]);
+    if (s == nullptr) Py_CLEAR(t);
+    else PyTuple_SET_ITEM(t, i, s);
+  }
+  return t;
+}
 
 }  // namespace
 
 void add_scan_functions(PyObject* module) {
   if (PyModule_AddFunctions(module, g_methods) < 0) throw std::runtime_error("scan functions");
+  add_contract(module, "kinds", kinds_contract());
+  add_contract(module, "cspec", cspec_contract());
+  add_names(module, "attributes", "OpPlan", {"cspec"});  // g_cspec
 }
 
 }  // namespace torch_tpu

@@ -5,17 +5,40 @@
 // generic getattr costs ~40 ns each (type lookup, descriptor call); this is a type check
 // and a load. The offset is looked up once per type, from the class's member descriptor;
 // any other object, or a slot not set, takes the generic path.
+//
+// Each SlotAttr names the Python class whose slot it reads, and every one declared in
+// any file is exported as _C.CONTRACTS["slots"] (export_slots), so that a renamed slot
+// fails tests/test_c_contracts.py instead of silently taking the slow path.
 #pragma once
 
 #include <Python.h>
 #include <descrobject.h>
 #include <structmember.h>
 
+#include <vector>
+
+#include "contracts.h"
+
 namespace torch_tpu {
+
+class SlotAttr;
+
+// Every SlotAttr of the extension (they are globals: constructed before the module
+// initializes).
+inline std::vector<const SlotAttr*>& slot_registry() {
+  static std::vector<const SlotAttr*> all;
+  return all;
+}
 
 class SlotAttr {
  public:
-  explicit SlotAttr(const char* name) : name_(name) {}
+  // `cls`: the Python class that declares `name` in its __slots__ (for the contract)
+  SlotAttr(const char* cls, const char* name) : cls_(cls), name_(name) {
+    slot_registry().push_back(this);
+  }
+
+  const char* cls() const { return cls_; }
+  const char* name() const { return name_; }
 
   // A new reference to o.<name>, or nullptr with a Python error set.
   PyObject* get(PyObject* o) {
@@ -48,10 +71,16 @@ class SlotAttr {
     offset_ = m->offset;
   }
 
+  const char* cls_;
   const char* name_;
   PyObject* key_ = nullptr;
   PyTypeObject* type_ = nullptr;
   Py_ssize_t offset_ = 0;
 };
+
+// _C.CONTRACTS["slots"]: class -> the slot names C reads.
+inline void export_slots(PyObject* module) {
+  for (const SlotAttr* a : slot_registry()) add_names(module, "slots", a->cls(), {a->name()});
+}
 
 }  // namespace torch_tpu

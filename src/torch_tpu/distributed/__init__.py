@@ -21,14 +21,9 @@ The coordinator listens on rank 0's address on the interface that routes to
 MASTER_ADDR. Overrides: TORCH_TPU_DIST_HOSTNAME (this host's address, for the
 coordinator and gloo), TORCH_TPU_COORDINATOR (a fixed `host:port` for the coordinator).
 
-Environment:
-  TORCH_TPU_DIST_HEARTBEAT_S           seconds before JAX declares a silent process dead
-                                       (default: the group timeout, clamped to 10-60)
-  TORCH_TPU_DIST_ASYNC_ERROR_HANDLING  1 (default): a failed or timed-out collective ends
-                                       the process with a clear message; 0: report only
-  TORCH_TPU_DIST_EARLY_INIT            1 (default): under torchrun, start the runtime when
-                                       the tpu device is first used, even before
-                                       init_process_group
+The other TORCH_TPU_DIST_* settings (heartbeat, async error handling, the collective
+check, the early start under torchrun) are declared in `torch_tpu/_config.py`;
+`python -m torch_tpu settings` lists them all.
 """
 from __future__ import annotations
 
@@ -80,7 +75,7 @@ def _create(opts, backend_options=None) -> ProcessGroupTPU:
 def register() -> None:
     """Register the backend (idempotent): `init_process_group("tpu_dist")`, and the
     default backend for the tpu device; functional collectives on tpu tensors; the
-    stream API that FSDP2 expects on `torch.tpu`."""
+    stream API that FSDP2 expects on `torch.tpu`; DTensor sharding for attention."""
     if _registered[0]:
         return
     _registered[0] = True
@@ -89,9 +84,10 @@ def register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         # `devices` must be a list: a string would be read character by character.
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["tpu"])
-    from . import _functional, _streams
+    from . import _dtensor, _functional, _streams
 
     _functional.register()
+    _dtensor.install()  # DTensor strategies for tpu's attention ops, once DTensor loads
     tpu = getattr(torch, "tpu", None)
     if tpu is not None:
         _streams.install(tpu)

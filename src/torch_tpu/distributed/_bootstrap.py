@@ -29,6 +29,8 @@ import sys
 import threading
 import time
 
+from .. import _config
+
 _state = {"rank": None, "world": None, "coordinator": None, "timeout_s": None,
           "host": None, "crashed": False, "hooks": False}
 _lock = threading.RLock()
@@ -83,7 +85,7 @@ def _own_address(peer_host: str | None) -> str:
     """The address other ranks can reach this host at: TORCH_TPU_DIST_HOSTNAME if set,
     loopback when the rendezvous itself is on loopback (one machine), else the address of
     the interface that routes to the rendezvous host."""
-    forced = os.environ.get("TORCH_TPU_DIST_HOSTNAME")
+    forced = _config.get("TORCH_TPU_DIST_HOSTNAME")
     if forced:
         return forced
     if peer_host is None or _is_loopback(peer_host):
@@ -105,7 +107,7 @@ def _free_port(host: str) -> int:
 def _publish_or_read(store, rank_: int, timeout: float) -> str:
     """Rank 0 publishes the coordinator address in the torch store; the others wait for it
     (the store's own timeout, which init_process_group sets, bounds the wait)."""
-    explicit = os.environ.get("TORCH_TPU_COORDINATOR")
+    explicit = _config.get("TORCH_TPU_COORDINATOR")
     if explicit:
         return explicit
     if rank_ == 0:
@@ -171,13 +173,15 @@ def _start(addr: str, rank_: int, world: int, timeout: float) -> None:
 
     host, port = addr.rsplit(":", 1)
     loopback = _is_loopback(host)
-    own = os.environ.get("TORCH_TPU_DIST_HOSTNAME") or (
+    own = _config.get("TORCH_TPU_DIST_HOSTNAME") or (
         "127.0.0.1" if loopback else _own_address(host))
     if jax.config.jax_platforms in (None, "", "cpu") or loopback:
         _use_gloo_on(own)
     # Heartbeats detect a dead process that is not in a collective; a process in a
     # collective sees the closed connection at once.
-    heartbeat = _env_int("TORCH_TPU_DIST_HEARTBEAT_S", int(min(max(timeout, 10), 60)))
+    heartbeat = _config.get("TORCH_TPU_DIST_HEARTBEAT_S")
+    if heartbeat is None:
+        heartbeat = int(min(max(timeout, 10), 60))
     # The JAX preemption service only polls the coordinator; it has no use here and its
     # warnings would bury the real error when a peer dies.
     jax.config.update("jax_enable_preemption_service", False)
@@ -198,7 +202,7 @@ def before_backend() -> None:
     hosts the rendezvous store) join the runtime now, so a script that touches the tpu
     device before init_process_group still gets a distributed backend. Elsewhere (mp.spawn,
     a single process) do nothing: init_process_group does it."""
-    if is_initialized() or os.environ.get("TORCH_TPU_DIST_EARLY_INIT", "1") in ("0", ""):
+    if is_initialized() or not _config.get("TORCH_TPU_DIST_EARLY_INIT"):
         return
     env = os.environ
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -210,7 +214,7 @@ def before_backend() -> None:
 
     from torch.distributed import PrefixStore, TCPStore
 
-    timeout = float(_env_int("TORCH_TPU_DIST_INIT_TIMEOUT_S", 600))
+    timeout = float(_config.get("TORCH_TPU_DIST_INIT_TIMEOUT_S"))
     store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, False,
                      datetime.timedelta(seconds=timeout))
     run = f"{env.get('TORCHELASTIC_RUN_ID', 'run')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"

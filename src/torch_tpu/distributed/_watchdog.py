@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import atexit
 import collections
-import os
 import threading
 import time
 
+from .. import _config
 from . import _bootstrap
 import numpy as np
 
 from .collectives import explain, local, mismatch_message
 
-_POLL_S = float(os.environ.get("TORCH_TPU_DIST_WATCHDOG_POLL_S", "0.05"))
-_ABORT = os.environ.get("TORCH_TPU_DIST_ASYNC_ERROR_HANDLING", "1") not in ("0", "")
+_POLL_S = _config.get("TORCH_TPU_DIST_WATCHDOG_POLL_S")
+_ABORT = _config.get("TORCH_TPU_DIST_ASYNC_ERROR_HANDLING")
 
 
 class _Entry:

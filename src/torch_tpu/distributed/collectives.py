@@ -26,7 +26,6 @@ reduces into the same memory (no fresh multi-megabyte output per call).
 from __future__ import annotations
 
 import functools
-import os
 import zlib
 
 import jax
@@ -35,7 +34,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .. import _runtime
+from .. import _config, _runtime
 from . import _algorithms as A
 
 AXIS = A.AXIS
@@ -53,7 +52,7 @@ _DTYPE_CODE = {d: i + 1 for i, d in enumerate(_DTYPES)}
 _HEADER = 8
 # TORCH_TPU_DIST_CHECK=0 skips the signature check (one small all-gather per collective):
 # faster small collectives, but mismatched shapes then hang or abort in gloo.
-_CHECK = os.environ.get("TORCH_TPU_DIST_CHECK", "1") not in ("0", "")
+_CHECK = _config.get("TORCH_TPU_DIST_CHECK")
 
 
 class CollectiveMismatch(RuntimeError):

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _runtime, _storage, _transfer, _tree, metrics
+from .. import _config, _runtime, _storage, _tolerances, _transfer, _tree, metrics
 from .strict import StrictExecutor
 
 
@@ -50,11 +50,6 @@ class TpuNonFiniteError(TpuDebugError):
 
 class TpuCpuMismatchError(TpuDebugError):
     """An op's result differs from the same op run on CPU beyond tolerance."""
-
-
-def _flag(name: str, default: bool) -> bool:
-    v = os.environ.get(name)
-    return default if v is None else v.strip().lower() not in ("", "0", "false", "off", "no")
 
 
 # ---------------------------------------------------------------- the user's line
@@ -101,18 +96,6 @@ def user_location() -> str:
             if frame is not None:
                 return "backward() called at " + _describe_frame(frame)
     return "<no user frame: called from torch internals>"
-
-
-_NAMES: dict = {}
-
-
-def op_name(plan) -> str:
-    name = _NAMES.get(plan.op)
-    if name is None:
-        schema = plan.op._schema
-        overload = f".{schema.overload_name}" if schema.overload_name else ""
-        name = _NAMES[plan.op] = schema.name + overload
-    return name
 
 
 # ---------------------------------------------------------------- host values
@@ -266,7 +249,7 @@ def check_bounds(plan, vals) -> None:
         pos = tuple(bad.nonzero()[0].tolist())
         at = f" at position {list(pos)}" if pos else ""
         raise TpuIndexError(
-            f"torch_tpu debug: {op_name(plan)}: {b.noun} {int(h[pos])} is out of bounds for "
+            f"torch_tpu debug: {plan.name}: {b.noun} {int(h[pos])} is out of bounds for "
             f"{b.within} (argument '{b.arg}'{at}; XLA would clamp or drop it silently)"
             f"\n  at {user_location()}")
 
@@ -353,19 +336,11 @@ def check_finite(plan, outs, snapshot) -> None:
             return  # propagated: the op that made the first NaN/Inf was already named
         which = f"result {k}" if len(outs) > 1 else "its result"
         raise TpuNonFiniteError(
-            f"torch_tpu debug: {op_name(plan)} produced {_nonfinite_message(t)} in {which}, "
+            f"torch_tpu debug: {plan.name} produced {_nonfinite_message(t)} in {which}, "
             f"from inputs with no NaN or Inf\n  at {user_location()}")
 
 
 # ---------------------------------------------------------------- CPU shadow
-# rtol, atol (atol scales with the largest magnitude of the expected result)
-_TOLERANCE = {
-    torch.float64: (1e-7, 1e-7), torch.complex128: (1e-7, 1e-7),
-    torch.float32: (1e-4, 1e-5), torch.complex64: (1e-4, 1e-5),
-    torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 8e-3),
-}
-
-
 # ops the CPU check cannot rerun faithfully, with why
 _NO_SHADOW = {
     # reads the forward's scratch buffer, whose content is each kernel's own business
@@ -423,7 +398,8 @@ def _mismatch(got: torch.Tensor, want: torch.Tensor):
         got = got.to(want.dtype)
     if got.numel() == 0:
         return None
-    tol = _TOLERANCE.get(want.dtype)
+    # the table the validation sweeps use; atol scales with the result's largest magnitude
+    tol = _tolerances.BY_DTYPE.get(want.dtype)
     if tol is None:  # integers and bool: exact
         bad = got != want
     else:
@@ -453,7 +429,7 @@ def check_cpu(plan, vals, result, cargs) -> None:
     except Exception as e:  # noqa: BLE001
         # CPU lacks a kernel (a dtype, an option): no evidence against the lowering
         metrics.count("debug.cpu_check_skipped")
-        name = op_name(plan)
+        name = plan.name
         if name not in _WARNED:
             _WARNED.add(name)
             warnings.warn(f"torch_tpu debug: the CPU check skips {name}, which fails on CPU: "
@@ -470,12 +446,12 @@ def check_cpu(plan, vals, result, cargs) -> None:
         if why is not None:
             metrics.count("debug.cpu_mismatches")
             raise TpuCpuMismatchError(
-                f"torch_tpu debug: {op_name(plan)} differs from CPU in result {k}: {why}"
+                f"torch_tpu debug: {plan.name} differs from CPU in result {k}: {why}"
                 f"\n  at {user_location()}")
     got_s, want_s = _numbers(result, []), _numbers(expected, [])
     if got_s != want_s:  # bool/int results (aten::equal, aten::is_nonzero, ...)
         raise TpuCpuMismatchError(
-            f"torch_tpu debug: {op_name(plan)} returns {got_s}, CPU returns {want_s}"
+            f"torch_tpu debug: {plan.name} returns {got_s}, CPU returns {want_s}"
             f"\n  at {user_location()}")
 
 
@@ -497,9 +473,9 @@ class DebugExecutor(StrictExecutor):
 
     def execute(self, plan, vals):
         check_bounds(plan, vals)
-        nan_check = _flag("TORCH_TPU_DEBUG_NAN_CHECK", True)
+        nan_check = _config.get("TORCH_TPU_DEBUG_NAN_CHECK")
         snapshot = _snapshot(vals) if nan_check else None
-        shadow = _flag("TORCH_TPU_DEBUG_CPU_CHECK", False) and _shadowable(plan)
+        shadow = _config.get("TORCH_TPU_DEBUG_CPU_CHECK") and _shadowable(plan)
         cargs = _cpu_args(vals) if shadow else None
         try:
             result = super().execute(plan, vals)
@@ -507,7 +483,7 @@ class DebugExecutor(StrictExecutor):
             jax.block_until_ready([_storage.record(t.untyped_storage(), t.dtype)[0] for t in outs])
         except Exception as e:
             if not isinstance(e, TpuDebugError):
-                e.add_note(f"torch_tpu debug: raised by {op_name(plan)} at {user_location()}")
+                e.add_note(f"torch_tpu debug: raised by {plan.name} at {user_location()}")
             raise
         if nan_check:
             check_finite(plan, outs, snapshot)

@@ -17,17 +17,16 @@ Steps:
 """
 from __future__ import annotations
 
-import os
 import time
 
 import jax
 
-from .. import _C, metrics
+from .. import _C, _config, metrics
 
 _CACHE: dict = {}
 _LAST_BY_OPS: dict = {}   # op sequence -> last key compiled for it (recompile reasons)
 recompile_reasons = metrics.recompile_reasons
-_DONATE = os.environ.get("TORCH_TPU_DONATE", "1") not in ("", "0")
+_DONATE = _config.get("TORCH_TPU_DONATE")
 
 
 _OUT_BITS = 20  # csrc/graph.cpp: a node output is (node << 20 | output)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import os
 
-from .. import _C, metrics
+from .. import _C, _config, metrics
 from . import current
 from .debug import DebugExecutor
 from .defer import DeferExecutor
@@ -38,9 +37,9 @@ _EXECUTORS = {EagerMode.STRICT: StrictExecutor()}
 
 
 def _env_mode() -> EagerMode:
-    if os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", "0") not in ("", "0"):
+    if _config.get("TORCH_TPU_LAUNCH_BLOCKING"):
         return EagerMode.DEBUG
-    if os.environ.get("TORCH_TPU_DEFER_AND_FUSE", "0") not in ("", "0"):
+    if _config.get("TORCH_TPU_DEFER_AND_FUSE"):
         return EagerMode.DEFER_AND_FUSE
     return EagerMode.STRICT
 

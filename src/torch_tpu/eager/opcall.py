@@ -19,27 +19,9 @@ import torch
 
 from .. import _C, _runtime, _storage, _tree, metrics
 from .._rng import default_generator
-from ..lowering import registry
+from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST,
+                               STATIC, STATIC_NUMBER, TENSOR_LIST, OpSchema)
 from . import current
-
-TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST, GENERATOR, STATIC, STATIC_NUMBER = range(9)
-_KINDS = {
-    "Tensor": TENSOR,
-    "Optional[Tensor]": OPT_TENSOR,
-    "List[Tensor]": TENSOR_LIST,
-    "List[Optional[Tensor]]": OPT_TENSOR_LIST,
-    "Scalar": SCALAR,
-    "number": SCALAR,
-    "Optional[number]": SCALAR,
-    "List[number]": SCALAR_LIST,
-    "Optional[Generator]": GENERATOR,
-}
-
-
-def _kind(arg):
-    t = arg.type
-    name = t.annotation_str if hasattr(t, "annotation_str") else str(t)
-    return _KINDS.get(name, _KINDS.get(str(t), STATIC))
 
 
 _SCALARS: dict = {}
@@ -94,45 +76,17 @@ class Entry:
         self.mut_slots = mut_slots  # [(arg index, list index or None)] of mutated tensors
 
 
-class OpPlan:
-    """Per-overload facts, computed once."""
+class OpPlan(OpSchema):
+    """The schema's facts (lowering/schema.py), the per-key cache, and the scan and
+    compile steps of the eager hot path."""
 
-    __slots__ = ("op", "name", "lowering", "kinds", "names", "npos", "defaults", "mutable",
-                 "ret_alias", "seeded", "dynamic_shape", "cache", "nrets", "factory",
-                 "host_indices", "cspec")
+    __slots__ = ("cache", "host_indices", "cspec")
 
     def __init__(self, op, lowering):
-        schema = op._schema
-        self.op = op
-        self.name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
-        self.lowering = lowering
-        args = schema.arguments
-        kinds = [_kind(a) for a in args]
-        self.factory = not any(k in (TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST) for k in kinds)
-        if self.factory:
-            # factories (arange, full, scalar_tensor): their scalars decide shapes or are
-            # constants of a program that has no inputs, so they key the cache by value
-            # (keyed with their type: arange(8) and arange(8.0) differ, yet 8 == 8.0)
-            kinds = [STATIC_NUMBER if k == SCALAR else k for k in kinds]
-        self.kinds = tuple(kinds)
-        self.names = tuple(a.name for a in args)
-        self.npos = sum(1 for a in args if not a.kwarg_only)
-        self.defaults = tuple(a.default_value if a.has_default_value() else None for a in args)
-        self.mutable = tuple(
-            i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
-        owner = {}
-        for i in self.mutable:
-            for s in args[i].alias_info.before_set:
-                owner[s] = i
-        self.ret_alias = tuple(
-            owner.get(next(iter(r.alias_info.before_set))) if r.alias_info is not None else None
-            for r in schema.returns)
-        self.nrets = len(schema.returns)
-        self.seeded = registry.seeded(op, lowering)
-        self.dynamic_shape = torch.Tag.dynamic_output_shape in op.tags
+        super().__init__(op, lowering)
         self.cache = {}
         # like CUDA, advanced indexing of a device tensor takes index tensors on the host
-        self.host_indices = schema.name in _HOST_INDEX_OPS
+        self.host_indices = op._schema.name in _HOST_INDEX_OPS
         # what csrc/scan.cpp reads: (kinds, written argument indices, Python scan only?, npos,
         # names, defaults)
         self.cspec = (self.kinds, self.mutable, self.seeded or self.factory,

@@ -1,4 +1,11 @@
-"""aten op -> JAX lowerings. Importing this package fills the one table."""
+"""aten op -> JAX lowerings. Importing this package fills the one table.
+
+Every family is listed here: none imports another to register it (foreach imports the
+pointwise and special lowerings it maps over), and the dtype rules they share live in
+_dtypes.py."""
 from . import registry  # noqa: F401
-from . import pointwise, reduction, sorting, shape, indexing, linalg, nn, attention, loss, conv, resample, random, creation, fft  # noqa: F401,E401
+from . import (  # noqa: F401
+    activation, attention, conv, creation, fft, foreach, indexing, linalg, loss, nn, optim,
+    pointwise, random, reduction, resample, shape, sorting, special,
+)
 from .registry import LOWERINGS, lowering, lookup  # noqa: F401

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .pointwise import _like, _operands, _opmath, _rounded, pointwise
+from ._dtypes import cast_operands, opmath_dtype, pointwise, round_to, scalar_like
 from .registry import aten, lowering
 
 _SQRT1_2 = math.sqrt(0.5)
@@ -42,33 +42,33 @@ def _relu(x):
 
 @pointwise(aten.threshold.default)
 def _threshold(x, threshold, value):
-    return jnp.where(x <= _like(threshold, x), _like(value, x), x)
+    return jnp.where(x <= scalar_like(threshold, x), scalar_like(value, x), x)
 
 
 @pointwise(aten.threshold_backward.default, operands=2)
 def _threshold_backward(grad, x, threshold):
-    return jnp.where(x <= _like(threshold, x), _zero(grad), grad)
+    return jnp.where(x <= scalar_like(threshold, x), _zero(grad), grad)
 
 
 @pointwise(aten.hardtanh.default)
 def _hardtanh(x, min_val=-1, max_val=1):
-    return jnp.minimum(jnp.maximum(x, _like(min_val, x)), _like(max_val, x))
+    return jnp.minimum(jnp.maximum(x, scalar_like(min_val, x)), scalar_like(max_val, x))
 
 
 @pointwise(aten.hardtanh_backward.default, operands=2)
 def _hardtanh_backward(grad, x, min_val, max_val):
-    outside = (x <= _like(min_val, x)) | (x >= _like(max_val, x))
+    outside = (x <= scalar_like(min_val, x)) | (x >= scalar_like(max_val, x))
     return jnp.where(outside, _zero(grad), grad)
 
 
 @pointwise(aten.leaky_relu.default)
 def _leaky_relu(x, negative_slope=0.01):
-    return jnp.where(x > 0, x, x * _like(negative_slope, x))
+    return jnp.where(x > 0, x, x * scalar_like(negative_slope, x))
 
 
 @pointwise(aten.leaky_relu_backward.default, operands=2)
 def _leaky_relu_backward(grad, x, negative_slope, self_is_result):
-    return jnp.where(x > 0, grad, grad * _like(negative_slope, grad))
+    return jnp.where(x > 0, grad, grad * scalar_like(negative_slope, grad))
 
 
 @lowering(aten.rrelu_with_noise.default, aten.rrelu_with_noise_functional.default)
@@ -78,9 +78,9 @@ def _rrelu_with_noise(self, noise, lower=0.125, upper=1 / 3, training=False, _to
     U(lower, upper) and records it in noise (1 elsewhere), as torch's CPU kernel; eval is
     leaky_relu with the mean slope and leaves noise alone. (The schema's positional
     Generator arrives as None; the key comes as `generator=`.)"""
-    x = self.astype(_opmath(self.dtype))
+    x = self.astype(opmath_dtype(self.dtype))
     if not training:
-        return jnp.where(x > 0, x, x * _like((lower + upper) / 2, x)), noise
+        return jnp.where(x > 0, x, x * scalar_like((lower + upper) / 2, x)), noise
     slope = jax.random.uniform(generator, x.shape, x.dtype, lower, upper)
     negative = x <= 0
     return jnp.where(negative, x * slope, x), jnp.where(negative, slope, 1)
@@ -88,9 +88,9 @@ def _rrelu_with_noise(self, noise, lower=0.125, upper=1 / 3, training=False, _to
 
 @lowering(aten.rrelu_with_noise_backward.default)
 def _rrelu_with_noise_backward(grad_output, self, noise, lower, upper, training, self_is_result):
-    grad, x = _operands(grad_output, self)
+    grad, x = cast_operands(grad_output, self)
     # torch uses the recorded slopes only when the range is not a single value
-    mean_slope = jnp.where(x > 0, grad, grad * _like((lower + upper) / 2, grad))
+    mean_slope = jnp.where(x > 0, grad, grad * scalar_like((lower + upper) / 2, grad))
     if not training:
         return mean_slope
     return jnp.where(upper - lower > 1e-6, grad * noise, mean_slope)
@@ -103,7 +103,7 @@ def _prelu(x, weight):
 
 @lowering(aten._prelu_kernel_backward.default)
 def _prelu_backward(grad_output, self, weight):
-    grad, x, w = _operands(grad_output, self, weight)
+    grad, x, w = cast_operands(grad_output, self, weight)
     # the weight gradient comes back at the broadcast shape; autograd sums it to weight's
     return jnp.where(x > 0, grad, w * grad), jnp.where(x > 0, _zero(x), x * grad)
 
@@ -163,33 +163,35 @@ def _tanh_backward(grad, out):
 
 @pointwise(aten.elu.default)
 def _elu(x, alpha=1, scale=1, input_scale=1):
-    negative = jnp.expm1(x * _like(input_scale, x)) * _like(alpha, x) * _like(scale, x)
-    return jnp.where(x > 0, x * _like(scale, x), negative)
+    negative = (jnp.expm1(x * scalar_like(input_scale, x)) * scalar_like(alpha, x)
+                * scalar_like(scale, x))
+    return jnp.where(x > 0, x * scalar_like(scale, x), negative)
 
 
 @lowering(aten.elu_backward.default)
 def _elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
-    grad, y = _operands(grad_output, self_or_result)
-    neg_coef = _like(alpha, y) * _like(scale, y)
-    in_coef = _like(input_scale, y)
+    grad, y = cast_operands(grad_output, self_or_result)
+    neg_coef = scalar_like(alpha, y) * scalar_like(scale, y)
+    in_coef = scalar_like(input_scale, y)
     if is_result:  # y = elu(x): for x <= 0, d/dx = input_scale * (y + alpha * scale)
         negative = grad * in_coef * (y + neg_coef)
     else:
         negative = grad * in_coef * neg_coef * jnp.exp(y * in_coef)
-    return jnp.where(y <= 0, negative, grad * _like(scale, y))
+    return jnp.where(y <= 0, negative, grad * scalar_like(scale, y))
 
 
 @pointwise(aten.softplus.default)
 def _softplus_lowering(x, beta=1, threshold=20):
-    bx = x * _like(beta, x)
-    return jnp.where(bx > _like(threshold, x), x, jnp.log1p(jnp.exp(bx)) / _like(beta, x))
+    bx = x * scalar_like(beta, x)
+    return jnp.where(bx > scalar_like(threshold, x), x,
+                     jnp.log1p(jnp.exp(bx)) / scalar_like(beta, x))
 
 
 @pointwise(aten.softplus_backward.default, operands=2)
 def _softplus_backward(grad, x, beta, threshold):
-    bx = x * _like(beta, x)
+    bx = x * scalar_like(beta, x)
     z = jnp.exp(bx)
-    return jnp.where(bx > _like(threshold, x), grad, grad * z / (z + 1))
+    return jnp.where(bx > scalar_like(threshold, x), grad, grad * z / (z + 1))
 
 
 @pointwise(aten.log_sigmoid_forward.default)
@@ -229,20 +231,20 @@ def _hardswish_backward(grad, x):
 
 @pointwise(aten.hardshrink.default)
 def _hardshrink(x, lambd=0.5):
-    lam = _like(lambd, x)
+    lam = scalar_like(lambd, x)
     return jnp.where((x >= -lam) & (x <= lam), _zero(x), x)
 
 
 @pointwise(aten.softshrink.default)
 def _softshrink(x, lambd=0.5):
-    lam = _like(lambd, x)
+    lam = scalar_like(lambd, x)
     # x * 0 in the dead zone keeps NaN (and the sign of zero), as torch
     return jnp.where(x > lam, x - lam, jnp.where(x < -lam, x + lam, x * 0))
 
 
 @pointwise(aten.hardshrink_backward.default, aten.softshrink_backward.default, operands=2)
 def _shrink_backward(grad, x, lambd):
-    lam = _like(lambd, x)
+    lam = scalar_like(lambd, x)
     return jnp.where((x >= -lam) & (x <= lam), _zero(grad), grad)
 
 
@@ -255,8 +257,8 @@ def _logit(x, eps=None):
     if eps is not None and eps >= 0:  # torch ignores a negative eps
         lo = jnp.asarray(eps, dtype)
         x = jnp.clip(x, lo, 1 - lo)
-    x = x.astype(_opmath(dtype))
-    return jnp.log(_rounded(x / _rounded(1 - x, dtype), dtype))
+    x = x.astype(opmath_dtype(dtype))
+    return jnp.log(round_to(x / round_to(1 - x, dtype), dtype))
 
 
 @pointwise(aten.logit_backward.default, operands=2, int_to_float=True)

@@ -21,7 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .nn import _opmath
+from ._dtypes import to_opmath
 from .registry import aten, lowering, never_draws
 
 
@@ -43,8 +43,8 @@ def _scores(q, k, bias, is_causal, scale):
 
 
 def _attend(q, k, v, bias, is_causal, scale):
-    """-> (out, logsumexp over the keys), both in the compute dtype (_opmath's)."""
-    q, k, v = _opmath(q), _opmath(k), _opmath(v)
+    """-> (out, logsumexp over the keys), both in the compute dtype (to_opmath's)."""
+    q, k, v = to_opmath(q), to_opmath(k), to_opmath(v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     groups = q.shape[-3] // k.shape[-3]
@@ -88,7 +88,7 @@ def _sdpa_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out,
 
     bias_in = attn_bias if float_bias else jnp.zeros((), jnp.float32)
     _, vjp = jax.vjp(forward, query, key, value, bias_in)
-    gq, gk, gv, gb = vjp(_opmath(grad_out))  # the forward's output dtype
+    gq, gk, gv, gb = vjp(to_opmath(grad_out))  # the forward's output dtype
     grads = [gq.astype(query.dtype), gk.astype(key.dtype), gv.astype(value.dtype)]
     if attn_bias is not None:  # torch's meta returns a gradient for any given mask
         grads.append(gb.astype(attn_bias.dtype) if float_bias else jnp.zeros_like(attn_bias))

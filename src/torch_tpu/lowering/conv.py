@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .nn import _opmath
-from .pointwise import _rounded
+from ._dtypes import round_to, to_opmath
 from .registry import aten, lowering
 
 
@@ -48,7 +47,7 @@ def _contract_trailing(x, mats):
 
 def _transpose_of(forward, grad_output, input_size):
     """The backward of a linear op (resampling, im2col): its vjp, evaluated at any input."""
-    g = _opmath(grad_output)
+    g = to_opmath(grad_output)
     _, vjp = jax.vjp(forward, jnp.zeros(tuple(input_size), g.dtype))
     return vjp(g)[0]
 
@@ -86,7 +85,7 @@ def _convolution(input, weight, bias, stride, padding, dilation, transposed, out
                  groups):
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
-        out = out + _opmath(bias).reshape((-1,) + (1,) * (out.ndim - 2))
+        out = out + to_opmath(bias).reshape((-1,) + (1,) * (out.ndim - 2))
     return out
 
 
@@ -102,7 +101,7 @@ def _convolution_backward(grad_output, input, weight, bias_sizes, stride, paddin
         grad_input, grad_weight = vjp(grad_output.astype(out.dtype))
     if output_mask[2]:
         axes = (0,) + tuple(range(2, grad_output.ndim))
-        grad_bias = jnp.sum(_opmath(grad_output), axis=axes)
+        grad_bias = jnp.sum(to_opmath(grad_output), axis=axes)
     return (grad_input if output_mask[0] else None,
             grad_weight if output_mask[1] else None,
             grad_bias)
@@ -173,7 +172,7 @@ def _scatter_by_index(grad_output, indices, input_shape, nd):
     """Add each output gradient into the input element its index names: the backward of
     every max pooling."""
     plane = math.prod(input_shape[-nd:])
-    g = _opmath(grad_output).reshape(-1, math.prod(grad_output.shape[-nd:]))
+    g = to_opmath(grad_output).reshape(-1, math.prod(grad_output.shape[-nd:]))
     idx = indices.reshape(g.shape)
     rows = jnp.arange(g.shape[0])[:, None]
     return jnp.zeros((g.shape[0], plane), g.dtype).at[rows, idx].add(g).reshape(input_shape)
@@ -212,9 +211,9 @@ def _fractional_starts(sample, size, out, pool):
     dtype = sample.dtype
 
     def rounded(v):
-        return _rounded(v, dtype)
+        return round_to(v, dtype)
 
-    u = sample.astype(_opmath(sample).dtype)[..., None]
+    u = sample.astype(to_opmath(sample).dtype)[..., None]
     i = jnp.arange(out, dtype=u.dtype)
     alpha = rounded(jnp.asarray(size - pool, u.dtype) / max(out - 1, 1))
     starts = (jnp.trunc(rounded(rounded(i + u) * alpha))
@@ -277,7 +276,7 @@ def _fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size,
 # ---------------------------------------------------------------- average pooling
 def _avg_pool(x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
     kernel, stride, padding, dilation = _pool_args(nd, kernel, stride, padding)
-    x = _opmath(x)
+    x = to_opmath(x)
     spatial = x.shape[-nd:]
     geo = [_pool_geometry(*a, ceil_mode) for a in zip(spatial, kernel, stride, padding, dilation)]
     out, pads = [g[0] for g in geo], [g[1] for g in geo]
@@ -298,8 +297,8 @@ def _avg_pool(x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divi
 
 
 def _avg_pool_backward(grad_output, self, nd, *args):
-    _, vjp = jax.vjp(lambda x: _avg_pool(x, nd, *args), _opmath(self))
-    return vjp(_opmath(grad_output))[0]
+    _, vjp = jax.vjp(lambda x: _avg_pool(x, nd, *args), to_opmath(self))
+    return vjp(to_opmath(grad_output))[0]
 
 
 @lowering(aten.avg_pool2d.default)
@@ -339,7 +338,7 @@ def _adaptive_bins(size, out):
 
 def _adaptive_avg(x, output_size):
     nd = len(output_size)
-    x = _opmath(x)
+    x = to_opmath(x)
     members, counts = [], np.ones(())
     for size, out in zip(x.shape[-nd:], output_size):
         start, end = _adaptive_bins(size, out)
@@ -351,8 +350,8 @@ def _adaptive_avg(x, output_size):
 
 
 def _adaptive_avg_backward(grad_output, self, nd):
-    _, vjp = jax.vjp(lambda x: _adaptive_avg(x, grad_output.shape[-nd:]), _opmath(self))
-    return vjp(_opmath(grad_output))[0]
+    _, vjp = jax.vjp(lambda x: _adaptive_avg(x, grad_output.shape[-nd:]), to_opmath(self))
+    return vjp(to_opmath(grad_output))[0]
 
 
 @lowering(aten._adaptive_avg_pool2d.default)

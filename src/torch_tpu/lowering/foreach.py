@@ -12,7 +12,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _runtime
-from .pointwise import _opmath
+from . import pointwise, special  # noqa: F401  (registers the element ops mapped below)
+from ._dtypes import opmath_dtype
 from .registry import LOWERINGS, aten, lowering
 
 
@@ -95,7 +96,7 @@ def _accumulate(xs, dtype):
     for x in xs:
         a = jnp.abs(x)  # complex -> its real dtype
         dt = a.dtype if dtype is None else _runtime.jax_dtype(dtype)
-        out.append(a.astype(_opmath(dt)))
+        out.append(a.astype(opmath_dtype(dt)))
     return out
 
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .pointwise import _operands, _result_dtype, _rounded
+from ._dtypes import cast_operands, result_dtype, round_to
 from .registry import aten, lowering
 
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
@@ -119,13 +119,13 @@ def _trace(self):
 def _linalg_cross(self, other, *, dim=-1):
     """Broadcasting cross product along `dim`. torch's kernel computes a1*b2 - a2*b1 in
     the tensors' dtype, so 16-bit floats round each product before the difference."""
-    dt = _result_dtype(self, other)
-    a, b = _operands(self, other)
+    dt = result_dtype(self, other)
+    a, b = cast_operands(self, other)
     a, b = jnp.broadcast_arrays(a, b)
     a, b = jnp.moveaxis(a, dim, -1), jnp.moveaxis(b, dim, -1)
 
     def term(i, j):
-        return _rounded(a[..., i] * b[..., j], dt) - _rounded(a[..., j] * b[..., i], dt)
+        return round_to(a[..., i] * b[..., j], dt) - round_to(a[..., j] * b[..., i], dt)
 
     out = jnp.stack([term(1, 2), term(2, 0), term(0, 1)], axis=-1)
     return jnp.moveaxis(out, -1, dim)

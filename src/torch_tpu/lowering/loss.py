@@ -1,5 +1,5 @@
 """Losses, forward and backward: classification (nll, cross entropy pieces, BCE), margin,
-CTC and regression losses. Reduced-precision inputs compute in float32 (`_opmath`), as in
+CTC and regression losses. Reduced-precision inputs compute in float32 (`to_opmath`), as in
 nn.py."""
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .nn import _opmath
-from .pointwise import _promote
+from ._dtypes import promote, to_opmath
 from .registry import aten, lowering
 
 # at::Reduction
@@ -26,7 +25,7 @@ def _reduce(loss, reduction):
 
 def _reduced_grad(grad_output, like, reduction):
     """grad_output of a reduced loss, spread back over the elements of `like`."""
-    g = _opmath(grad_output)
+    g = to_opmath(grad_output)
     if reduction == _MEAN:
         g = g / like.size
     return jnp.broadcast_to(g, like.shape)
@@ -42,13 +41,13 @@ def _target_weights(target, weight, ignore_index):
     """Per-target weight: weight[target] (1 without weights), 0 where target == ignore_index."""
     ignored = target == ignore_index
     safe = jnp.where(ignored, 0, target)
-    w = jnp.ones(target.shape, jnp.float32) if weight is None else _opmath(weight)[safe]
+    w = jnp.ones(target.shape, jnp.float32) if weight is None else to_opmath(weight)[safe]
     return jnp.where(ignored, 0, w), safe
 
 
 @lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def _nll_loss_forward(self, target, weight, reduction, ignore_index):
-    x = _opmath(self)
+    x = to_opmath(self)
     axis = _class_axis(x)
     w, safe = _target_weights(target, weight, ignore_index)
     picked = jnp.squeeze(jnp.take_along_axis(x, jnp.expand_dims(safe, axis), axis=axis), axis)
@@ -65,9 +64,9 @@ def _nll_loss_forward(self, target, weight, reduction, ignore_index):
 def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
     axis = _class_axis(self)
     w, safe = _target_weights(target, weight, ignore_index)
-    g = _opmath(grad_output)
+    g = to_opmath(grad_output)
     if reduction == _MEAN:
-        g = g / _opmath(total_weight)
+        g = g / to_opmath(total_weight)
     classes = lax.broadcasted_iota(safe.dtype, self.shape, axis)
     hit = classes == jnp.expand_dims(safe, axis)
     return jnp.where(hit, jnp.expand_dims(-w * g, axis), 0.0)
@@ -75,35 +74,35 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
 
 @lowering(aten.binary_cross_entropy.default)
 def _binary_cross_entropy(self, target, weight=None, reduction=_MEAN):
-    x, t = _opmath(self), _opmath(target)
+    x, t = to_opmath(self), to_opmath(target)
     # torch clamps the logs at -100 so that x = 0 or 1 gives a finite loss
     loss = -(t * jnp.maximum(jnp.log(x), -100.0) + (1 - t) * jnp.maximum(jnp.log1p(-x), -100.0))
     if weight is not None:
-        loss = loss * _opmath(weight)
+        loss = loss * to_opmath(weight)
     return _reduce(loss, reduction)
 
 
 @lowering(aten.binary_cross_entropy_backward.default)
 def _binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=_MEAN):
-    x, t = _opmath(self), _opmath(target)
+    x, t = to_opmath(self), to_opmath(target)
     g = _reduced_grad(grad_output, x, reduction)
     grad = g * (x - t) / jnp.maximum((1 - x) * x, 1e-12)  # torch's EPSILON
     if weight is not None:
-        grad = grad * _opmath(weight)
+        grad = grad * to_opmath(weight)
     return grad
 
 
 @lowering(aten.binary_cross_entropy_with_logits.default)
 def _binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
                                       reduction=_MEAN):
-    x, t = _opmath(self), _opmath(target)
+    x, t = to_opmath(self), to_opmath(target)
     log_sig = jax.nn.log_sigmoid(x)
     if pos_weight is not None:
-        loss = (1 - t) * x - ((_opmath(pos_weight) - 1) * t + 1) * log_sig
+        loss = (1 - t) * x - ((to_opmath(pos_weight) - 1) * t + 1) * log_sig
     else:
         loss = (1 - t) * x - log_sig
     if weight is not None:
-        loss = loss * _opmath(weight)
+        loss = loss * to_opmath(weight)
     return _reduce(loss, reduction)
 
 
@@ -117,12 +116,12 @@ def _frames(x):
 def _multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
     """sum over i != y of max(0, margin - x[y] + x[i])^p * weight[y], over C; the `where`
     makes the gradient 0 at z == 0, as torch's `z > 0` test does."""
-    x = _frames(_opmath(self))
+    x = _frames(to_opmath(self))
     t = target.reshape(-1)
     z = margin - jnp.take_along_axis(x, t[:, None], axis=1) + x
     h = jnp.where(p == 1, z, z * z)
     if weight is not None:
-        h = h * _opmath(weight)[t][:, None]
+        h = h * to_opmath(weight)[t][:, None]
     others = jnp.arange(x.shape[1]) != t[:, None]
     return _reduce(jnp.sum(jnp.where(others & (z > 0), h, 0), axis=1) / x.shape[1], reduction)
 
@@ -131,8 +130,8 @@ def _multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN
 def _multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None,
                                 reduction=_MEAN):
     out, vjp = jax.vjp(lambda x: _multi_margin_loss(x, target, p, margin, weight, reduction),
-                       _opmath(self))
-    return vjp(_opmath(grad_output).reshape(out.shape))[0]
+                       to_opmath(self))
+    return vjp(to_opmath(grad_output).reshape(out.shape))[0]
 
 
 def _multilabel_targets(target, classes):
@@ -149,7 +148,7 @@ def _multilabel_targets(target, classes):
 def _multilabel_margin(x, target, reduction):
     """sum over targets j and non-targets i of max(0, 1 - (x[j] - x[i])), over C (a target
     named twice counts twice, as in torch)."""
-    x = _frames(_opmath(x))
+    x = _frames(to_opmath(x))
     valid, safe, is_target = _multilabel_targets(target, x.shape[1])
     z = 1 - jnp.take_along_axis(x, safe, axis=1)[:, :, None] + x[:, None, :]
     keep = valid[:, :, None] & ~is_target[:, None, :] & (z > 0)
@@ -165,8 +164,8 @@ def _multilabel_margin_loss_forward(self, target, reduction):
 
 @lowering(aten.multilabel_margin_loss_backward.default)
 def _multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
-    out, vjp = jax.vjp(lambda x: _multilabel_margin(x, target, reduction)[0], _opmath(self))
-    return vjp(_opmath(grad_output).reshape(out.shape))[0]
+    out, vjp = jax.vjp(lambda x: _multilabel_margin(x, target, reduction)[0], to_opmath(self))
+    return vjp(to_opmath(grad_output).reshape(out.shape))[0]
 
 
 # ---------------------------------------------------------------- CTC loss
@@ -185,7 +184,7 @@ def _ctc_states(log_probs, targets, target_lengths, blank):
     length + 1 states: -> (log_probs (N, T, C), labels (N, S), valid (N, S), skip (N, S),
     emit (N, T, S)). Targets are (N, max length) or every batch's concatenated; a state
     may skip the blank before it when its label differs from the one two back."""
-    lp = jnp.swapaxes(_opmath(log_probs), 0, 1)
+    lp = jnp.swapaxes(to_opmath(log_probs), 0, 1)
     n, steps = lp.shape[:2]
     tl = np.asarray(target_lengths, np.int64)
     s = np.arange(2 * int(tl.max(initial=0)) + 1)
@@ -274,14 +273,14 @@ def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths,
     infinite loss."""
     lp, labels, valid, skip, emit = _ctc_states(log_probs, targets, target_lengths, blank)
     beta = _ctc_beta(emit, valid, skip, input_lengths, target_lengths)
-    both = _opmath(log_alpha) + beta  # (N, T, S)
+    both = to_opmath(log_alpha) + beta  # (N, T, S)
     mine = labels[:, None, :, None] == jnp.arange(lp.shape[2])  # (N, 1, S, C)
     terms = jnp.where(mine, both[..., None], -jnp.inf)
     m = jnp.max(terms, axis=2)
     m = jnp.where(m == -jnp.inf, 0, m)
     lcab = jnp.log(jnp.sum(jnp.exp(terms - m[:, :, None]), axis=2)) + m  # (N, T, C)
-    nll = _opmath(neg_log_likelihood)[:, None, None]
-    g = (jnp.exp(lp) - jnp.exp(lcab + nll - lp)) * _opmath(grad)[:, None, None]
+    nll = to_opmath(neg_log_likelihood)[:, None, None]
+    g = (jnp.exp(lp) - jnp.exp(lcab + nll - lp)) * to_opmath(grad)[:, None, None]
     active = np.arange(lp.shape[1]) < np.asarray(input_lengths)[:, None]
     g = jnp.where(active[..., None], g, 0)
     if zero_infinity:
@@ -291,8 +290,8 @@ def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths,
 
 # ---------------------------------------------------------------- regression losses
 def _diff(self, target):
-    a, b = _promote(self, target)
-    return _opmath(a) - _opmath(b)
+    a, b = promote(self, target)
+    return to_opmath(a) - to_opmath(b)
 
 
 @lowering(aten.mse_loss.default)

@@ -15,14 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._dtypes import to_opmath
 from .registry import aten, lowering
-
-
-def _opmath(x):
-    """x in the dtype torch computes with: float32 for bf16 and f16 (at::opmath_type)."""
-    if x is not None and x.dtype in (jnp.bfloat16, jnp.float16):
-        return x.astype(jnp.float32)
-    return x
 
 
 # ---------------------------------------------------------------- softmax
@@ -33,13 +27,13 @@ def _vectors(*xs):
 
 @lowering(aten._softmax.default)
 def _softmax(self, dim, half_to_float):
-    (x,) = _vectors(_opmath(self))
+    (x,) = _vectors(to_opmath(self))
     return jax.nn.softmax(x, axis=dim).reshape(self.shape)
 
 
 @lowering(aten._log_softmax.default)
 def _log_softmax(self, dim, half_to_float):
-    (x,) = _vectors(_opmath(self))
+    (x,) = _vectors(to_opmath(self))
     return jax.nn.log_softmax(x, axis=dim).reshape(self.shape)
 
 
@@ -47,20 +41,20 @@ def _log_softmax(self, dim, half_to_float):
 def _safe_softmax(self, dim, dtype=None):
     # softmax, but a row that is entirely -inf (a fully masked attention row) gives zeros
     # instead of NaN, as torch's SDPA math path needs
-    (x,) = _vectors(_opmath(self))
+    (x,) = _vectors(to_opmath(self))
     masked = jnp.all(x == -jnp.inf, axis=dim, keepdims=True)
     return jnp.where(masked, 0.0, jax.nn.softmax(x, axis=dim)).reshape(self.shape)
 
 
 @lowering(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad_output, output, dim, input_dtype):
-    g, y = _vectors(_opmath(grad_output), _opmath(output))
+    g, y = _vectors(to_opmath(grad_output), to_opmath(output))
     return (y * (g - jnp.sum(g * y, axis=dim, keepdims=True))).reshape(output.shape)
 
 
 @lowering(aten._log_softmax_backward_data.default)
 def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
-    g, y = _vectors(_opmath(grad_output), _opmath(output))
+    g, y = _vectors(to_opmath(grad_output), to_opmath(output))
     return (g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)).reshape(output.shape)
 
 
@@ -99,29 +93,29 @@ def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
 
 @lowering(aten.native_layer_norm.default)
 def _native_layer_norm(input, normalized_shape, weight, bias, eps):
-    x = _opmath(input)
+    x = to_opmath(input)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     mean, var = _moments(x, axes)
     rstd = lax.rsqrt(var + eps)
     out = (x - mean) * rstd
     if weight is not None:
-        out = out * _opmath(weight)
+        out = out * to_opmath(weight)
     if bias is not None:
-        out = out + _opmath(bias)
+        out = out + to_opmath(bias)
     return out, mean, rstd
 
 
 @lowering(aten.native_layer_norm_backward.default)
 def _native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
                                 output_mask):
-    g, x = _opmath(grad_out), _opmath(input)
+    g, x = to_opmath(grad_out), to_opmath(input)
     axis = x.ndim - len(normalized_shape)
     inner = tuple(range(axis, x.ndim))
     outer = tuple(range(axis))
     mean = mean.reshape(mean.shape + (1,) * (x.ndim - mean.ndim))
     rstd = rstd.reshape(rstd.shape + (1,) * (x.ndim - rstd.ndim))
     xhat = (x - mean) * rstd
-    dxhat = g * _opmath(weight) if weight is not None else g
+    dxhat = g * to_opmath(weight) if weight is not None else g
     grad_input = _normalized_input_grad(dxhat, xhat, rstd, inner) if output_mask[0] else None
     grad_weight = jnp.sum(g * xhat, axis=outer) if output_mask[1] and weight is not None else None
     grad_bias = jnp.sum(g, axis=outer) if output_mask[2] and bias is not None else None
@@ -130,13 +124,13 @@ def _native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, w
 
 def _channel(v, ndim):
     """A per-channel vector (C,) shaped to broadcast against (N, C, *spatial)."""
-    return _opmath(v).reshape((-1,) + (1,) * (ndim - 2))
+    return to_opmath(v).reshape((-1,) + (1,) * (ndim - 2))
 
 
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     """-> (out, save_mean, save_invstd, new_running_mean, new_running_var); running stats
     are None when absent."""
-    x = _opmath(input)
+    x = to_opmath(input)
     axes = (0,) + tuple(range(2, x.ndim))
     if training:
         mean, var = _moments(x, axes)
@@ -145,10 +139,10 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
             n = x.size // x.shape[1]
             # torch tracks the unbiased variance in running_var
             unbiased = var * (n / max(n - 1, 1))
-            running_mean = (1 - momentum) * _opmath(running_mean) + momentum * mean
-            running_var = (1 - momentum) * _opmath(running_var) + momentum * unbiased
+            running_mean = (1 - momentum) * to_opmath(running_mean) + momentum * mean
+            running_var = (1 - momentum) * to_opmath(running_var) + momentum * unbiased
     else:
-        mean, var = _opmath(running_mean), _opmath(running_var)
+        mean, var = to_opmath(running_mean), to_opmath(running_var)
     invstd = lax.rsqrt(var + eps)
     out = (x - _channel(mean, x.ndim)) * _channel(invstd, x.ndim)
     if weight is not None:
@@ -187,12 +181,12 @@ def _native_batch_norm_legit_functional(input, weight, bias, running_mean, runni
 @lowering(aten.native_batch_norm_backward.default)
 def _native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
                                 save_invstd, train, eps, output_mask):
-    g, x = _opmath(grad_out), _opmath(input)
+    g, x = to_opmath(grad_out), to_opmath(input)
     axes = (0,) + tuple(range(2, x.ndim))
     if train:
-        mean, invstd = _opmath(save_mean), _opmath(save_invstd)
+        mean, invstd = to_opmath(save_mean), to_opmath(save_invstd)
     else:
-        mean, invstd = _opmath(running_mean), lax.rsqrt(_opmath(running_var) + eps)
+        mean, invstd = to_opmath(running_mean), lax.rsqrt(to_opmath(running_var) + eps)
     mean, invstd = _channel(mean, x.ndim), _channel(invstd, x.ndim)
     w = _channel(weight, x.ndim) if weight is not None else 1.0
     xhat = (x - mean) * invstd
@@ -231,29 +225,29 @@ def _grouped(x, n, group):
 
 @lowering(aten.native_group_norm.default)
 def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
-    x = _opmath(input)
+    x = to_opmath(input)
     xg = _grouped(x, N, group)
     mean, var = _moments(xg, (2,))
     rstd = lax.rsqrt(var + eps)
     out = ((xg - mean) * rstd).reshape(N, C, HxW)
     if weight is not None:
-        out = out * _opmath(weight)[:, None]
+        out = out * to_opmath(weight)[:, None]
     if bias is not None:
-        out = out + _opmath(bias)[:, None]
+        out = out + to_opmath(bias)[:, None]
     return out.reshape(input.shape), mean.reshape(N, group), rstd.reshape(N, group)
 
 
 @lowering(aten.native_group_norm_backward.default)
 def _native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group,
                                 output_mask):
-    g = _opmath(grad_out).reshape(N, C, HxW)
-    x = _opmath(input).reshape(N, C, HxW)
-    mean = _opmath(mean).reshape(N, group, 1)
-    rstd = _opmath(rstd).reshape(N, group, 1)
+    g = to_opmath(grad_out).reshape(N, C, HxW)
+    x = to_opmath(input).reshape(N, C, HxW)
+    mean = to_opmath(mean).reshape(N, group, 1)
+    rstd = to_opmath(rstd).reshape(N, group, 1)
     xhat = ((_grouped(x, N, group) - mean) * rstd).reshape(N, C, HxW)
     grad_input = None
     if output_mask[0]:
-        dxhat = g * _opmath(weight)[:, None] if weight is not None else g
+        dxhat = g * to_opmath(weight)[:, None] if weight is not None else g
         grad_input = _normalized_input_grad(
             _grouped(dxhat, N, group), _grouped(xhat, N, group), rstd, (2,))
         grad_input = grad_input.reshape(input.shape)
@@ -271,7 +265,7 @@ def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse
 @lowering(aten.embedding_dense_backward.default)
 def _embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     dim = grad_output.shape[-1]
-    g = _opmath(grad_output).reshape(-1, dim)
+    g = to_opmath(grad_output).reshape(-1, dim)
     idx = indices.reshape(-1)
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
@@ -295,7 +289,7 @@ def _bag_of(indices, offsets):
 
 def _bag_rows(grad, bag):
     # positions in no bag (past offsets[-1]) read 0
-    return jnp.take(_opmath(grad), bag, axis=0, mode="fill", fill_value=0)
+    return jnp.take(to_opmath(grad), bag, axis=0, mode="fill", fill_value=0)
 
 
 @lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
@@ -308,7 +302,7 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG
     num_bags = offsets.shape[0] - (1 if include_last_offset else 0)
     bag = _bag_of(indices, offsets)
     counted = indices != padding_idx  # padding_idx entries belong to no bag's result
-    rows = _opmath(jnp.take(weight, indices, axis=0))
+    rows = to_opmath(jnp.take(weight, indices, axis=0))
     bag_size = jax.ops.segment_sum(counted.astype(indices.dtype), bag, num_bags)
     filled = (bag_size > 0)[:, None]
     if mode == _BAG_MAX:
@@ -322,7 +316,7 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG
         out = jnp.where(filled, best, 0)
     else:
         if per_sample_weights is not None:
-            rows = rows * _opmath(per_sample_weights)[:, None]
+            rows = rows * to_opmath(per_sample_weights)[:, None]
         out = jax.ops.segment_sum(jnp.where(counted[:, None], rows, 0), bag, num_bags)
         if mode == _BAG_MEAN:
             out = out / jnp.maximum(bag_size, 1)[:, None]
@@ -335,7 +329,7 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG
 def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
                                   num_weights, scale_grad_by_freq, mode, per_sample_weights,
                                   padding_idx=-1):
-    g = _opmath(grad)
+    g = to_opmath(grad)
     dim = g.shape[1]
     if mode == _BAG_MAX:
         # each bag's gradient goes to the row that gave its maximum; empty bags (-1) drop
@@ -346,7 +340,7 @@ def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_i
     if mode == _BAG_MEAN:
         rows = rows / jnp.maximum(jnp.take(bag_size, offset2bag, mode="clip"), 1)[:, None]
     if per_sample_weights is not None:
-        rows = rows * _opmath(per_sample_weights)[:, None]
+        rows = rows * to_opmath(per_sample_weights)[:, None]
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), g.dtype).at[indices].add(1)
         rows = rows / counts[indices][:, None]
@@ -367,7 +361,7 @@ def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximu
 @lowering(aten._embedding_bag_per_sample_weights_backward.default)
 def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
                                                padding_idx=-1):
-    dots = jnp.sum(_bag_rows(grad, offset2bag) * _opmath(jnp.take(weight, indices, axis=0)),
+    dots = jnp.sum(_bag_rows(grad, offset2bag) * to_opmath(jnp.take(weight, indices, axis=0)),
                    axis=1)
     return jnp.where(indices == padding_idx, 0, dots)
 
@@ -380,24 +374,24 @@ def _native_dropout(input, p, train, *, generator):
     keep = jax.random.bernoulli(generator, 1.0 - p, input.shape)
     scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
     # scale in float32, not rounded to bf16 first: torch multiplies in opmath
-    return _opmath(input) * keep * scale, keep
+    return to_opmath(input) * keep * scale, keep
 
 
 @lowering(aten.native_dropout_backward.default)
 def _native_dropout_backward(grad_output, mask, scale):
-    return _opmath(grad_output) * mask * scale
+    return to_opmath(grad_output) * mask * scale
 
 
 @lowering(aten.glu.default)
 def _glu(self, dim=-1):
-    a, b = jnp.split(_opmath(self), 2, axis=dim)
+    a, b = jnp.split(to_opmath(self), 2, axis=dim)
     return a * jax.nn.sigmoid(b)
 
 
 @lowering(aten.glu_backward.default)
 def _glu_backward(grad_output, self, dim):
-    a, b = jnp.split(_opmath(self), 2, axis=dim)
-    g = _opmath(grad_output)
+    a, b = jnp.split(to_opmath(self), 2, axis=dim)
+    g = to_opmath(grad_output)
     s = jax.nn.sigmoid(b)
     return jnp.concatenate([g * s, g * a * s * (1 - s)], axis=dim)
 

@@ -1,14 +1,8 @@
 """Elementwise ops: arithmetic, math functions, comparisons, bitwise and selection ops.
 
-Type promotion is torch's, never JAX's: `_result_dtype` reimplements c10's ResultTypeState
-(dimensioned tensors, zero-dim tensors and Python numbers rank separately, a Python float
-means the default dtype), and the `pointwise` factory declares each family's rule once.
-Half and bfloat16 operands are rounded to their dtype like torch's TensorIterator does,
-then computed in float32 ("opmath", as torch's CPU and CUDA kernels do); the executor
-rounds results back to torch's result dtype.
-
-Activations live in activation.py, gamma/zeta/Bessel-family functions in special.py and
-the `_foreach_*` ops in foreach.py, all built on the helpers here.
+Type promotion and opmath are torch's, declared once by the `pointwise` factory of
+_dtypes.py. Activations live in activation.py, gamma/zeta/Bessel-family functions in
+special.py and the `_foreach_*` ops in foreach.py, all built on the same rules.
 """
 from __future__ import annotations
 
@@ -18,163 +12,9 @@ import torch
 from jax import lax
 
 from .. import _runtime
+from ._dtypes import (cast_operands, is_inexact, pointwise, promote, result_dtype, round_to,
+                      scalar_like)
 from .registry import aten, lowering
-
-# ---------------------------------------------------------------- type promotion
-_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64,
-               torch.float64: torch.complex128}
-
-
-def _is_number(x) -> bool:
-    """A Python scalar, or the traced value of one: the executor passes Python numbers into
-    jit, where JAX marks them weakly typed. torch ranks these below every tensor."""
-    if isinstance(x, (bool, int, float, complex)):
-        return True
-    return jnp.ndim(x) == 0 and bool(getattr(x, "weak_type", False))
-
-
-def _default_float():
-    return _runtime.jax_dtype(torch.get_default_dtype())
-
-
-def _number_dtype(x) -> torch.dtype:
-    """torch's dtype for a Python number: bool, int64, or the default (complex) dtype."""
-    if isinstance(x, (bool, int, float, complex)):
-        kind = type(x)
-    else:
-        dt = x.dtype
-        kind = (bool if dt == jnp.bool_ else int if jnp.issubdtype(dt, jnp.integer)
-                else complex if jnp.issubdtype(dt, jnp.complexfloating) else float)
-    if kind is bool:
-        return torch.bool
-    if kind is int:
-        return torch.int64
-    default = torch.get_default_dtype()
-    return _COMPLEX_OF[default] if kind is complex else default
-
-
-def _widen(a, b):
-    return b if a is None else a if b is None else torch.promote_types(a, b)
-
-
-def _combine(higher, lower):
-    """c10::combine_categories: a lower-ranked group only matters when it is of a higher
-    category (bool < integer < floating < complex) than the higher-ranked one."""
-    if higher is None:
-        return lower
-    if lower is None:
-        return higher
-    if higher.is_complex:
-        return higher
-    if lower.is_complex:
-        return _COMPLEX_OF.get(higher, lower) if higher.is_floating_point else lower
-    if higher.is_floating_point:
-        return higher
-    if higher == torch.bool or lower.is_floating_point:
-        return torch.promote_types(higher, lower)
-    return higher
-
-
-def _result_torch_dtype(*xs) -> torch.dtype:
-    dims = zero_dim = numbers = None
-    for x in xs:
-        if x is None:
-            continue
-        if _is_number(x):
-            numbers = _widen(numbers, _number_dtype(x))
-        elif jnp.ndim(x) == 0:
-            zero_dim = _widen(zero_dim, _runtime.torch_dtype(x.dtype))
-        else:
-            dims = _widen(dims, _runtime.torch_dtype(x.dtype))
-    return _combine(dims, _combine(zero_dim, numbers))
-
-
-def _result_dtype(*xs):
-    """torch.result_type over any mix of jax arrays and Python numbers (None skipped), as a
-    JAX dtype."""
-    return _runtime.jax_dtype(_result_torch_dtype(*xs))
-
-
-_compute_dtype = _result_dtype  # the name other lowering modules import
-
-
-def _promote(*xs):
-    """Every operand (array or Python number; None stays None) cast to torch's common dtype."""
-    dt = _result_dtype(*xs)
-    return [None if x is None else jnp.asarray(x).astype(dt) for x in xs]
-
-
-def _is_float(dt) -> bool:
-    return jnp.issubdtype(dt, jnp.inexact)
-
-
-def _floatify(x):
-    """Integer and bool arrays in the default float dtype (torch's int-to-float ops)."""
-    return x if _is_float(x.dtype) else x.astype(_default_float())
-
-
-def _opmath(dt):
-    """The dtype torch's kernels compute a dtype's math in: float32 for the 16-bit floats."""
-    return jnp.dtype(jnp.float32) if _is_float(dt) and jnp.finfo(dt).bits < 32 \
-        and not jnp.issubdtype(dt, jnp.complexfloating) else jnp.dtype(dt)
-
-
-def _rounded(x, dtype):
-    """`x` rounded to the precision of a 16-bit float `dtype`, staying in x's dtype. Where
-    torch computes step by step in such a dtype (its scalar_t arithmetic rounds each
-    result), this rounds where it does: XLA may keep the excess float32 precision even
-    through an astype() round trip, but never through reduce_precision."""
-    real = jnp.floating
-    if not (jnp.issubdtype(dtype, real) and jnp.issubdtype(x.dtype, real)) \
-            or jnp.finfo(dtype).bits >= jnp.finfo(x.dtype).bits:
-        return x
-    info = jnp.finfo(dtype)
-    return lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
-
-
-def _like(scalar, x):
-    """A Scalar argument (alpha, value, weight, ...) in `x`'s dtype. torch converts these
-    straight to the opmath type, without rounding them to a 16-bit dtype first."""
-    return jnp.asarray(scalar).astype(x.dtype)
-
-
-def _operands(*xs, int_to_float=False, opmath=True, exact=()):
-    """Cast operands like TensorIterator: to the common dtype (the default float dtype for
-    int-to-float ops), then up to opmath. Indices in `exact` whose operand is zero-dim skip
-    the rounding to the common dtype: torch's CPU mul and div read a scalar second operand
-    at opmath precision (TensorIterator's original_scalar_value)."""
-    dt = _result_dtype(*xs)
-    if int_to_float and not _is_float(dt):
-        dt = _default_float()
-    math = _opmath(dt) if opmath else dt
-    out = []
-    for i, x in enumerate(xs):
-        if x is None:
-            out.append(None)
-            continue
-        x = jnp.asarray(x)
-        if x.dtype == dt or (i in exact and x.ndim == 0):
-            out.append(x.astype(math))
-        else:
-            out.append(_rounded(x.astype(dt).astype(math), dt))
-    return out
-
-
-def pointwise(*ops, operands=1, int_to_float=False, opmath=True, exact=()):
-    """Register `fn` for `ops`: its first `operands` arguments arrive promoted by torch's
-    rules (see `_operands`); the remaining arguments pass through unchanged."""
-
-    def register(fn):
-        def lower(*args, **kwargs):
-            xs = _operands(*args[:operands], int_to_float=int_to_float, opmath=opmath,
-                           exact=exact)
-            return fn(*xs, *args[operands:], **kwargs)
-
-        lower.__name__ = lower.__qualname__ = getattr(fn, "__name__", "pointwise")
-        lower.__doc__ = fn.__doc__
-        return lowering(*ops)(lower)
-
-    return register
 
 
 def _is_int(x) -> bool:
@@ -183,10 +23,10 @@ def _is_int(x) -> bool:
 
 # ---------------------------------------------------------------- arithmetic
 def _add_or_sub(self, other, alpha, sign):
-    a, b = _operands(self, other)
+    a, b = cast_operands(self, other)
     if not (isinstance(alpha, int) and alpha == 1):
         # torch rounds alpha to the common dtype, then multiply-adds in opmath
-        alpha = _rounded(jnp.asarray(alpha).astype(a.dtype), _result_dtype(self, other))
+        alpha = round_to(jnp.asarray(alpha).astype(a.dtype), result_dtype(self, other))
         b = alpha * b
     return a + b if sign > 0 else a - b
 
@@ -220,11 +60,11 @@ def _floor_div(a, b, dtype):
     """Python's floor division, as torch's div_floor_integer / div_floor_floating; float
     steps round to `dtype` where torch's do."""
     a, b = jnp.broadcast_arrays(a, b)  # lax ops do not broadcast
-    if not _is_float(a.dtype):
+    if not is_inexact(a.dtype):
         q = lax.div(a, b)  # truncates
         return jnp.where((lax.rem(a, b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
     mod = lax.rem(a, b)
-    div = _rounded(_rounded(a - mod, dtype) / b, dtype)
+    div = round_to(round_to(a - mod, dtype) / b, dtype)
     div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
     floor = jnp.floor(div)
     floor = jnp.where(div - floor > 0.5, floor + 1, floor)
@@ -236,13 +76,13 @@ def _floor_div(a, b, dtype):
 def _div_mode(self, other, *, rounding_mode=None):
     if rounding_mode is None:
         return _true_div(self, other)
-    dtype = _result_dtype(self, other)
-    a, b = _operands(self, other)
+    dtype = result_dtype(self, other)
+    a, b = cast_operands(self, other)
     if rounding_mode == "floor":
         return _floor_div(a, b, dtype)
-    if not _is_float(a.dtype):
+    if not is_inexact(a.dtype):
         return lax.div(*jnp.broadcast_arrays(a, b))  # C integer division truncates
-    return jnp.trunc(_rounded(a / b, dtype))  # torch truncates the rounded quotient
+    return jnp.trunc(round_to(a / b, dtype))  # torch truncates the rounded quotient
 
 
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
@@ -358,7 +198,7 @@ def _lcm(a, b):
 # ---------------------------------------------------------------- unary math
 def _keep_ints(fn):
     """Rounding ops are the identity on integer and bool tensors."""
-    return lambda x: fn(x) if _is_float(x.dtype) else x
+    return lambda x: fn(x) if is_inexact(x.dtype) else x
 
 
 def _sign(x):
@@ -439,12 +279,12 @@ for _op, _fn in _SAME_UNARY.items():
 
 @pointwise(aten.signbit.default, opmath=False)
 def _signbit(x):
-    return jnp.signbit(x) if _is_float(x.dtype) else x < 0
+    return jnp.signbit(x) if is_inexact(x.dtype) else x < 0
 
 
 @pointwise(aten.round.decimals)
 def _round_decimals(x, *, decimals=0):
-    if not _is_float(x.dtype):
+    if not is_inexact(x.dtype):
         return x
     scale = jnp.asarray(10.0 ** abs(decimals), x.dtype)
     if decimals >= 0:
@@ -454,7 +294,7 @@ def _round_decimals(x, *, decimals=0):
 
 @pointwise(aten.nan_to_num.default, opmath=False)
 def _nan_to_num(x, nan=None, posinf=None, neginf=None):
-    if not _is_float(x.dtype):
+    if not is_inexact(x.dtype):
         return x
     # defaults are the largest finite values of the tensor's own dtype, hence no opmath
     return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
@@ -504,7 +344,7 @@ def _equal(self, other):
     is equal in the common dtype (so NaN != NaN)."""
     if self.shape != other.shape:
         return jnp.asarray(False)
-    a, b = _promote(self, other)
+    a, b = promote(self, other)
     return jnp.all(a == b)
 
 
@@ -545,7 +385,7 @@ def _shift_right(a, b):
 # ---------------------------------------------------------------- selection and fused ops
 @lowering(aten.where.self)
 def _where(condition, self, other):
-    a, b = _promote(self, other)
+    a, b = promote(self, other)
     return jnp.where(jnp.asarray(condition).astype(jnp.bool_), a, b)
 
 
@@ -570,7 +410,7 @@ pointwise(aten.clamp_max.default, aten.clamp_max.Tensor, operands=2)(jnp.minimum
 
 
 def _lerp(start, end, weight):
-    w = _like(weight, start)
+    w = scalar_like(weight, start)
     # torch's two-sided formula: exact at weight 0 and at weight 1
     small = jnp.abs(w) < 0.5
     return jnp.where(small, start + w * (end - start), end - (end - start) * (1 - w))
@@ -582,15 +422,10 @@ pointwise(aten.lerp.Tensor, operands=3)(_lerp)
 
 @pointwise(aten.addcmul.default, operands=3)
 def _addcmul(self, tensor1, tensor2, value=1):
-    return self + _like(value, self) * tensor1 * tensor2
+    return self + scalar_like(value, self) * tensor1 * tensor2
 
 
 @pointwise(aten.addcdiv.default, operands=3)
 def _addcdiv(self, tensor1, tensor2, value=1):
-    return self + _like(value, self) * tensor1 / tensor2
+    return self + scalar_like(value, self) * tensor1 / tensor2
 
-
-# The activations, special functions and _foreach_* ops build on the helpers above;
-# importing them here registers their lowerings along with this module's (foreach last:
-# it wraps the elementwise lowerings the others register).
-from . import activation, special, foreach  # noqa: E402,F401

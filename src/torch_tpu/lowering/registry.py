@@ -15,6 +15,9 @@ import torch
 aten = torch.ops.aten
 
 LOWERINGS: dict = {}
+# rules for ops that reach compiled graphs but never a tpu kernel in eager (C++ kernels or
+# torch's composites handle them first): views, factories, `_to_copy` (compile/lower.py)
+GRAPH_ONLY: dict = {}
 
 
 def _overloads(op):
@@ -23,16 +26,19 @@ def _overloads(op):
     return [op]
 
 
-def lowering(*ops):
+def lowering(*ops, graph_only=False):
     """Register `fn` as the lowering of every given OpOverload (a packet means all of its
-    overloads). A second registration of the same overload is a bug and raises."""
+    overloads). A second registration of the same overload, in either table, is a bug and
+    raises. `graph_only=True` registers a compile-only rule (GRAPH_ONLY): it also receives
+    `meta=`, the node's fake result, and no eager kernel is made for it."""
+    table = GRAPH_ONLY if graph_only else LOWERINGS
 
     def register(fn):
         for packet_or_op in ops:
             for op in _overloads(packet_or_op):
-                if op in LOWERINGS:
+                if op in LOWERINGS or op in GRAPH_ONLY:
                     raise RuntimeError(f"duplicate lowering for {op}")
-                LOWERINGS[op] = fn
+                table[op] = fn
         return fn
 
     return register
@@ -46,8 +52,17 @@ def never_draws(fn):
     return fn
 
 
+def draws(fn):
+    """Mark a rule that draws random numbers whatever its op's tags say (the random
+    factories of compiled graphs: rand, randn, randint)."""
+    fn.draws = True
+    return fn
+
+
 def seeded(op, fn) -> bool:
     """Whether a lowering takes `generator=` (a JAX key) for this op."""
+    if getattr(fn, "draws", False):
+        return True
     return torch.Tag.nondeterministic_seeded in op.tags and not getattr(fn, "never_draws", False)
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .conv import _contract_trailing, _transpose_of
-from .nn import _opmath
+from ._dtypes import to_opmath
 from .registry import aten, lowering
 
 
@@ -126,7 +126,7 @@ def _antialias_matrix(size, out, align_corners, scale, ft, cubic):
 
 
 def _interpolate(x, output_size, align_corners, scales, cubic=False, antialias=False):
-    x = _opmath(x)
+    x = to_opmath(x)
     nd = len(output_size)
     mats = [_interp_matrix(size, out, align_corners, scale, x.dtype, cubic, antialias)
             for size, out, scale in zip(x.shape[-nd:], output_size, scales)]
@@ -210,7 +210,7 @@ def _padded(x, size, padding_mode, align_corners):
 
 @lowering(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
 def _grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners):
-    x, g = _opmath(input), _opmath(grid)
+    x, g = to_opmath(input), to_opmath(grid)
     nd = x.ndim - 2
     sizes = x.shape[2:]
     out_shape = x.shape[:2] + g.shape[1:-1]
@@ -258,6 +258,6 @@ def _grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding
                            align_corners, output_mask):
     _, vjp = jax.vjp(
         lambda x, g: _grid_sampler(x, g, interpolation_mode, padding_mode, align_corners),
-        _opmath(input), _opmath(grid))
-    grad_input, grad_grid = vjp(_opmath(grad_output))
+        to_opmath(input), to_opmath(grid))
+    grad_input, grad_grid = vjp(to_opmath(grad_output))
     return grad_input if output_mask[0] else None, grad_grid

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 from jax import lax
 
-from .pointwise import _operands, pointwise
+from ._dtypes import cast_operands, pointwise
 from .registry import aten, lowering
 
 
@@ -77,7 +77,7 @@ def _entr(x):
 
 @lowering(aten.polygamma.default)
 def _polygamma(n, self):
-    (x,) = _operands(self, int_to_float=True)
+    (x,) = cast_operands(self, int_to_float=True)
     if n == 0:
         return _digamma(x)
     if n == 1:

@@ -7,9 +7,9 @@ and in Strict mode the expected-failures file) are regenerated from the merged r
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import warnings
+
+from . import _env
 
 MODES = ("strict", "debug", "defer_and_fuse")
 
@@ -61,15 +61,8 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, file=sys.stderr)
 
 
-def _quiet() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    warnings.filterwarnings("ignore")
-
-
 def main(args) -> int:
-    _quiet()
+    _env.quiet()
     import torch_tpu  # noqa: F401  (registers the device)
 
     return {"ops": _ops, "models": _models, "report": _report}[args.what](args)

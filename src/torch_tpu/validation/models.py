@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import copy
 import gc
-import os
 import time
 
 import torch
 
-from . import compare, inputs, shrink, tolerances
+from . import _env, compare, inputs, shrink, tolerances
 from .ops import _SeededOps, classify, time_limit, _Timeout
 
 TASKS = [  # (task, mapping name), in the order a model type's task is chosen
@@ -32,15 +31,9 @@ TASKS = [  # (task, mapping name), in the order a model type's task is chosen
 MAX_PARAMS = 120_000_000
 
 
-def _setup_env() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-
 def model_types() -> dict:
     """model type -> (task, architecture class name), for every type of the five mappings."""
-    _setup_env()
+    _env.offline()
     from transformers.models.auto import modeling_auto
 
     chosen: dict = {}
@@ -262,7 +255,7 @@ def sweep(types: dict, mode: str, timeout: float | None = 600, progress=None,
           on_result=None, cpu_only: bool = False) -> dict:
     """In this process; cli.py runs the same units through worker.run_isolated."""
     """model type -> verdict, for each (task, class name) of `types`."""
-    _setup_env()
+    _env.offline()
     results = {}
     for mt, (task, cls_name) in types.items():
         if progress is not None:

@@ -27,18 +27,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.i
 UNINITIALIZED = {"resize_", "resize_as_"}
 
 
-def _unseeded(op, *args, **kwargs):
-    return op(*args, **kwargs)
-
-
 def op_db():
     # The package's only import of torch.testing._internal.
     from torch.testing._internal import common_methods_invocations as cmi
 
-    # OpInfo wraps random ops in `wrapper_set_seed`, which reseeds with 42 on every call.
-    # The sweep seeds each run itself: it pools CPU's draws over several seeds to estimate
-    # the distribution that tpu's draw is judged against.
-    cmi.wrapper_set_seed = _unseeded
+    from .. import _patches
+
+    _patches.apply_for_validation()  # random ops unseeded: the sweep seeds each run
     return cmi.op_db
 
 

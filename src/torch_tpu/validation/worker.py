@@ -15,6 +15,8 @@ import sys
 import tempfile
 import time
 
+from . import _env
+
 
 def run_isolated(kind: str, units: list, options: dict, on_result, progress=None,
                  hard_timeout: float | None = None) -> None:
@@ -96,9 +98,7 @@ def _crash(unit, detail, kind, phase, on_result, progress, done) -> None:
 
 # ---------------------------------------------------------------- the child
 def _child(spec_path: str, log_path: str) -> int:
-    from .cli import _quiet
-
-    _quiet()
+    _env.quiet()
     import torch_tpu  # noqa: F401
 
     with open(spec_path) as f:

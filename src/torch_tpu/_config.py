@@ -1,0 +1,191 @@
+"""Every `TORCH_TPU_*` setting, declared once; nothing else in the package reads them.
+
+As with JAX's env-backed flags, each setting states its name, type, default, when the
+package reads it and what it does; `get(name)` is the only way to read one, and README's
+settings table is generated from `SETTINGS` (`python -m torch_tpu settings --write`).
+This module is a leaf: it imports nothing from torch_tpu, torch or jax, so every layer
+can ask it without an import pointing up.
+
+One parsing rule per type:
+  bool        unset: the default; "", "0", "false", "off", "no" (any case, surrounding
+              spaces ignored): False; anything else: True
+  int, float  unset or blank: the default; otherwise the number (a ValueError names the
+              variable)
+  str         unset or blank: the default; otherwise the value, stripped
+  path        unset: the default; blank or "0": None (off); otherwise the path, `~` expanded
+
+`get` reads the environment on every call. When it is called is each setting's `read`:
+a setting read at import keeps the value it had then; one read per op follows the
+environment while the program runs (tests flip Debug's checks with the mode on).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any
+
+# When the package reads a setting (the `read` column of the table).
+IMPORT = "import"                       # once, during `import torch_tpu`
+PER_OP = "each op"                      # on every op that it concerns
+DEVICE_START = "device start"           # once, when the tpu device is first used
+INIT_PROCESS_GROUP = "init_process_group"
+TORCHRUN_START = "device start (torchrun)"  # once, as the backend starts under torchrun
+
+_FALSE = ("", "0", "false", "off", "no")
+_TYPES = ("bool", "int", "float", "str", "path")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    type: str
+    # The value when the variable is unset; a callable is called then (a default that
+    # depends on the rest of the environment). None: "not set", the caller decides.
+    default: Any
+    read: str
+    doc: str
+    default_doc: str | None = None  # how the table shows a computed or derived default
+
+    def parse(self, raw: str | None):
+        """The value of this setting for the environment string `raw` (None: unset)."""
+        if raw is None:
+            return self.default() if callable(self.default) else self.default
+        value = raw.strip()
+        if self.type == "bool":
+            return value.lower() not in _FALSE
+        if self.type == "path":
+            return None if value in ("", "0") else pathlib.Path(value).expanduser()
+        if not value:
+            return self.parse(None)
+        if self.type == "str":
+            return value
+        try:
+            return int(value) if self.type == "int" else float(value)
+        except ValueError:
+            raise ValueError(f"{self.name}={raw!r}: expected {'an' if self.type == 'int' else 'a'}"
+                             f" {self.type}") from None
+
+    def shown_default(self) -> str:
+        if self.default_doc is not None:
+            return self.default_doc
+        if self.type == "bool":
+            return "1" if self.default else "0"
+        return "unset" if self.default is None else f"`{self.default}`"
+
+
+def _default_cache_dir() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "torch_tpu" / "xla"
+
+
+_DECLARED = [
+    # ---- eager modes and ops
+    Setting("TORCH_TPU_LAUNCH_BLOCKING", "bool", False, IMPORT,
+            "Debug mode: every op waits for its result and runs extra checks, so an error "
+            "surfaces at the line that caused it (wins over TORCH_TPU_DEFER_AND_FUSE)"),
+    Setting("TORCH_TPU_DEFER_AND_FUSE", "bool", False, IMPORT,
+            "DeferAndFuse mode: ops are recorded and run as one fused XLA program at each sync "
+            "point (`.item()`, `.cpu()`, print, synchronize, ...), at each `backward()` call, "
+            "and once per loop iteration in loops that never sync"),
+    Setting("TORCH_TPU_CPU_FALLBACK", "bool", False, IMPORT,
+            "ops that have no tpu lowering yet run on the CPU (slow; counted in "
+            "`torch_tpu.metrics` and warned once per op) instead of raising "
+            "`NotImplementedError`. Also `torch_tpu.set_cpu_fallback(True)`"),
+    Setting("TORCH_TPU_DEBUG_NAN_CHECK", "bool", True, PER_OP,
+            "Debug mode: an op that turns finite inputs into NaN or Inf raises "
+            "`TpuNonFiniteError`"),
+    Setting("TORCH_TPU_DEBUG_CPU_CHECK", "bool", False, PER_OP,
+            "Debug mode: every op runs again on CPU, and a result that differs beyond the "
+            "dtype's tolerance raises `TpuCpuMismatchError`"),
+    Setting("TORCH_TPU_DONATE", "bool", True, IMPORT,
+            "DeferAndFuse donates to XLA the buffers a flush overwrites and nothing else "
+            "holds, so results are written in place (lower peak memory)"),
+    # ---- runtime, caches, reports
+    Setting("TORCH_TPU_PLATFORM", "str", None, DEVICE_START,
+            "which PJRT platform to use (`tpu`, `cuda`, `cpu`) when several are installed",
+            default_doc="JAX's choice"),
+    Setting("TORCH_TPU_CACHE_DIR", "path", _default_cache_dir, IMPORT,
+            "the persistent compilation cache (eager and `torch.compile` executables): a "
+            "second process running the same program compiles nothing; empty or `0` turns "
+            "it off", default_doc="`$XDG_CACHE_HOME/torch_tpu/xla` (`~/.cache/torch_tpu/xla`)"),
+    Setting("TORCH_TPU_METRICS", "bool", False, IMPORT,
+            "print `torch_tpu.metrics.report()` when the process ends"),
+    # ---- distributed (tpu_dist)
+    Setting("TORCH_TPU_DIST_HOSTNAME", "str", None, INIT_PROCESS_GROUP,
+            "this host's address, for JAX's coordinator and gloo",
+            default_doc="the interface that routes to MASTER_ADDR"),
+    Setting("TORCH_TPU_COORDINATOR", "str", None, INIT_PROCESS_GROUP,
+            "a fixed `host:port` for JAX's coordinator",
+            default_doc="rank 0 picks a free port and publishes it in the store"),
+    Setting("TORCH_TPU_DIST_HEARTBEAT_S", "int", None, INIT_PROCESS_GROUP,
+            "seconds before JAX declares a silent process dead",
+            default_doc="the group timeout, clamped to 10-60"),
+    Setting("TORCH_TPU_DIST_CHECK", "bool", True, IMPORT,
+            "every collective first checks that all ranks issued the same one (one small "
+            "all-gather); 0: faster small collectives, but a mismatch hangs or aborts in gloo"),
+    Setting("TORCH_TPU_DIST_ASYNC_ERROR_HANDLING", "bool", True, IMPORT,
+            "a failed or timed-out collective ends the process with a clear message; 0: "
+            "report only, the error surfaces at the next read"),
+    Setting("TORCH_TPU_DIST_WATCHDOG_POLL_S", "float", 0.05, IMPORT,
+            "seconds between the watchdog's looks at the collectives in flight"),
+    Setting("TORCH_TPU_DIST_EARLY_INIT", "bool", True, TORCHRUN_START,
+            "under torchrun, start the distributed runtime when the tpu device is first "
+            "used, even before init_process_group"),
+    Setting("TORCH_TPU_DIST_INIT_TIMEOUT_S", "int", 600, TORCHRUN_START,
+            "the rendezvous timeout of that early start, in seconds"),
+]
+
+SETTINGS: dict[str, Setting] = {}
+for _s in _DECLARED:
+    if _s.name in SETTINGS or not _s.name.startswith("TORCH_TPU_") or _s.type not in _TYPES:
+        raise ValueError(f"bad or duplicate setting declaration {_s.name} ({_s.type})")
+    SETTINGS[_s.name] = _s
+del _s
+
+
+def get(name: str):
+    """The value of setting `name` in the environment now (see the module doc's rules)."""
+    try:
+        setting = SETTINGS[name]
+    except KeyError:
+        raise KeyError(f"{name} is not a declared torch_tpu setting (torch_tpu/_config.py)") \
+            from None
+    return setting.parse(os.environ.get(name))
+
+
+def is_set(name: str) -> bool:
+    """Whether setting `name` is in the environment at all (else `get` gives its default)."""
+    return SETTINGS[name].name in os.environ
+
+
+def undeclared() -> list[str]:
+    """TORCH_TPU_* variables set in this environment that torch_tpu does not read (typos)."""
+    return sorted(k for k in os.environ if k.startswith("TORCH_TPU_") and k not in SETTINGS)
+
+
+def markdown_table() -> str:
+    """README's settings table (between its `settings` marker comments)."""
+    rows = ["| variable | type | default | read at | effect |", "| --- | --- | --- | --- | --- |"]
+    for s in SETTINGS.values():
+        cells = [f"`{s.name}`", s.type, s.shown_default(), s.read, s.doc]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+
+# README.md holds the table between these two lines; `python -m torch_tpu settings --write`
+# rewrites what is between them, and tests/test_config.py fails when it is stale.
+README_BEGIN = ("<!-- settings table: generated from src/torch_tpu/_config.py by "
+                "`python -m torch_tpu settings --write`; do not edit by hand -->")
+README_END = "<!-- end of settings table -->"
+
+
+def readme_with_table(text: str) -> str:
+    """`text` (README.md) with the part between the markers replaced by `markdown_table()`."""
+    start = text.find(README_BEGIN)
+    end = text.find(README_END, start)
+    if start < 0 or end < 0:
+        raise ValueError("README.md lacks the settings table markers:\n"
+                         f"{README_BEGIN}\n{README_END}")
+    return text[:start + len(README_BEGIN)] + "\n" + markdown_table() + text[end:]
