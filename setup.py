@@ -1,4 +1,5 @@
-"""Builds torch_tpu's C++ piece (allocator, generator, hooks, view kernels) at install time."""
+"""Builds torch_tpu's C++ piece (every src/torch_tpu/csrc/*.cpp, one extension) at install time."""
+import glob
 import os
 
 # Building imports torch; torch's device-backend autoload would import an installed
@@ -12,9 +13,7 @@ setup(
     ext_modules=[
         CppExtension(
             "torch_tpu._C",
-            ["src/torch_tpu/csrc/tpu_ext.cpp", "src/torch_tpu/csrc/scan.cpp",
-             "src/torch_tpu/csrc/graph.cpp", "src/torch_tpu/csrc/kernel.cpp",
-             "src/torch_tpu/csrc/frames.cpp"],
+            sorted(glob.glob("src/torch_tpu/csrc/*.cpp")),  # (scripts/setup.sh rebuilds on any csrc change)
             extra_compile_args=["-O2", "-std=c++17"],
         )
     ],

@@ -31,10 +31,10 @@ def pytest_runtest_makereport(item, call):
 def eager(request):
     """Runs the test in each eager mode on this thread: `strict`, and `defer`
     (DeferAndFuse: the ops are recorded, in C, and run at the test's sync points such as
-    `.cpu()` and `.item()`). Tests that sweep dtypes parametrize it themselves (indirect)
-    with one dtype per op in `defer`. A passing `defer` run must have recorded ops, run
-    none in Strict and flushed at a sync point of its own, or the matrix would silently
-    run Strict twice."""
+    `.cpu()` and `.item()`, or when the block ends). Tests that sweep dtypes parametrize it
+    themselves (tests/mode_matrix.py), with one dtype per op in `defer`. A passing `defer`
+    run must have recorded ops, run none in Strict and flushed, or the matrix would
+    silently run Strict twice."""
     from torch_tpu import metrics
 
     before = metrics.counters.copy()
@@ -42,6 +42,32 @@ def eager(request):
         yield request.param
     if request.param == "defer" and request.node.stash.get(_CALL_PASSED, False):
         grew = metrics.counters - before
-        syncs = {k: n for k, n in grew.items() if k.startswith("flush.") and k != "flush.mode_change"}
-        assert grew["dispatches.defer_and_fuse"] and not grew["dispatches.strict"] and syncs, (
+        flushed = any(k.startswith("flush.") for k in grew)
+        assert grew["dispatches.defer_and_fuse"] and not grew["dispatches.strict"] and flushed, (
             f"DeferAndFuse did not defer this test's ops: {dict(grew)}")
+
+
+# ---------------------------------------------------------------- slow / distributed
+# Marks for tests whose files do not carry them on their own lines (pyproject.toml
+# registers both; `bash scripts/test.sh --fast` leaves them out): file -> mark -> test
+# function names (every parametrized case of each).
+SUITE_MARKS = {
+    "test_trainer.py": {"distributed": {"test_trainer_ddp_torchrun_matches_cpu_gloo"}},
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
+def pytest_collection_modifyitems(config, items):
+    seen = {}
+    for item in items:
+        table = SUITE_MARKS.get(item.path.name)
+        if not table:
+            continue
+        seen.setdefault(item.path.name, item.module)
+        for mark, names in table.items():
+            if getattr(item, "originalname", item.name) in names:
+                item.add_marker(mark)
+    for file, module in seen.items():  # a renamed test must not silently lose its mark
+        missing = {n for names in SUITE_MARKS[file].values() for n in names} - set(vars(module))
+        if missing:
+            raise pytest.UsageError(f"tests/conftest.py SUITE_MARKS: {file} has no {sorted(missing)}")

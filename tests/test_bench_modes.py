@@ -2,9 +2,7 @@
 with one or two calls each, and the report they render (nothing is written to docs/)."""
 import pytest
 
-pytest.importorskip("transformers")
-
-from torch_tpu.bench import modes, modes_report  # noqa: E402
+from torch_tpu.bench import modes, modes_report
 
 TINY = modes.Spec(hidden=16, layers=1, heads=2, kv_heads=1, vocab=64, seq=8, batch=2,
                   prompt=4, new_tokens=2, gen_batch=1)
@@ -16,6 +14,7 @@ def test_bench_is_registered():
     assert BENCHES["modes"][0] == "torch_tpu.bench.modes"
 
 
+@pytest.mark.slow
 def test_measuring_functions_and_report():
     base = modes.build_model("llama", TINY)
     # DeferAndFuse only among the tpu modes: compiles dominate this test's time, and the

@@ -69,13 +69,10 @@ def test_write_section_replaces_only_its_own_section(tmp_path):
     assert text.index("bench:a:begin") < text.index("bench:b:begin")
 
 
+@pytest.mark.slow
 def test_demo_trains_with_parity():
     r = run_cli("demo", "--steps", "3", "--no-progress")
-    if r.returncode == 3 and "NotImplementedError" in r.stderr:
-        missing = re.search(r"operator '([^']+)'", r.stderr)
-        pytest.skip("a lowering the demo needs is missing: "
-                    + (missing.group(1) if missing else r.stderr.strip().splitlines()[-1]))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]  # (a missing lowering fails here)
     assert "PASS" in r.stdout
     assert re.search(r"tpu Strict\s+[\d,]+ tokens/s", r.stdout)
     losses = re.findall(r"^\s+\d+\s+([\d.]+)\s+([\d.]+)\s+", r.stdout, re.M)

@@ -11,12 +11,11 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
 import torch_tpu
 from torch_tpu import compile as tpu_compile
 from torch_tpu import metrics
-
-transformers = pytest.importorskip("transformers")
 
 tpu_compile.register()  # idempotent; torch_tpu registers "tpu" on import once wired in
 
@@ -74,6 +73,7 @@ def _train(model, device, steps, compiled):
     return losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_compiled_training_matches_cpu(kind, one_cpu_thread):
     base = _hf_model(kind)
@@ -87,6 +87,7 @@ def test_compiled_training_matches_cpu(kind, one_cpu_thread):
     assert not c.get("compile.eager_graphs")
 
 
+@pytest.mark.slow
 def test_greedy_generate_static_cache_matches_cpu(one_cpu_thread):
     """generate(cache_implementation="static") compiles the decode step with
     torch.compile(backend=device.type), i.e. "tpu"."""
@@ -101,6 +102,7 @@ def test_greedy_generate_static_cache_matches_cpu(one_cpu_thread):
     assert _counters()["compile.graphs"] >= 1
 
 
+@pytest.mark.slow
 def test_cnn_training_matches_cpu(one_cpu_thread):
     """Conv, BatchNorm (running stats: buffers mutated by a training graph), pooling."""
     torch.manual_seed(0)
@@ -360,19 +362,22 @@ def test_cpu_scalars_in_a_graph_run_on_the_host():
 
 def test_graph_with_unlowered_op_runs_eagerly():
     from torch_tpu import _dispatch
-    from torch_tpu.lowering import registry
 
-    if registry.lookup(torch.ops.aten._fft_r2c.default) is not None:
-        pytest.skip("rfft has a lowering now; pick another op without one")
+    # a user's custom op: a CPU kernel and a fake one for tracing, no tpu lowering
+    lib = torch.library.Library("torch_tpu_compile_test", "DEF")
+    lib.define("triple(Tensor x) -> Tensor")
+    lib.impl("triple", lambda x: x * 3, "CPU")
+    lib.impl("triple", lambda x: torch.empty_like(x), "Meta")
+    triple = torch.ops.torch_tpu_compile_test.triple.default
 
     def f(x):
-        return torch.fft.rfft(x * 2).abs() + 1
+        return triple(x * 2).abs() + 1
 
     x = torch.randn(8)
     saved = _dispatch._cpu_fallback[0]
-    torch_tpu.set_cpu_fallback(True)  # the eager run of the graph sends rfft to CPU
+    torch_tpu.set_cpu_fallback(True)  # the eager run of the graph sends triple to CPU
     try:
-        with pytest.warns(UserWarning, match="_fft_r2c"):
+        with pytest.warns(UserWarning, match="torch_tpu_compile_test.triple"):
             out = _compiled(f)(x.to("tpu"))
     finally:
         torch_tpu.set_cpu_fallback(saved)
@@ -413,6 +418,7 @@ def _run_step_process(cache_dir):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_second_process_compiles_nothing(tmp_path):
     """`xla.compiles` counts executables XLA built in the process; `xla.cache_hits` those
     loaded from TORCH_TPU_CACHE_DIR instead. Eager ops and compiled graphs alike."""

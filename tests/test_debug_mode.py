@@ -218,6 +218,7 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
 
 
+@pytest.mark.slow
 def test_mlp_training_in_debug_with_cpu_shadow_matches_cpu(debug, monkeypatch):
     monkeypatch.setenv("TORCH_TPU_DEBUG_CPU_CHECK", "1")
     torch.manual_seed(0)

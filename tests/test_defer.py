@@ -417,6 +417,7 @@ def test_ops_run_in_their_threads_mode():
                    "strict block": {"strict": 1}, "after": {"strict": 1}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env,mode", [("TORCH_TPU_LAUNCH_BLOCKING", "DEBUG"),
                                       ("TORCH_TPU_DEFER_AND_FUSE", "DEFER_AND_FUSE")])
 def test_mode_from_environment(env, mode):
@@ -441,6 +442,7 @@ def test_metrics_report_and_dict():
     assert "flush.item" in text and "dispatches.defer_and_fuse" in text
 
 
+@pytest.mark.slow
 def test_metrics_printed_at_exit_with_env():
     import os
     import subprocess

@@ -69,6 +69,7 @@ def test_factories_match_cpu(factory):
         assert got == want
 
 
+@pytest.mark.slow
 def test_random_factories_shapes_and_seed():
     for make in (lambda: torch.rand(3, 4, device="tpu"), lambda: torch.randn(3, 4, device="tpu"),
                  lambda: torch.randint(0, 10, (3, 4), device="tpu"),
@@ -264,6 +265,7 @@ def test_item_tolist_numpy_paths():
     assert bool(x.sum() > 3)
 
 
+@pytest.mark.slow
 def test_import_torch_alone_loads_the_device():
     import os
     import subprocess

@@ -12,7 +12,9 @@ import time
 
 import pytest
 
-from test_distributed import FULL, HERE, launch, report
+from helpers.dist_launch import FULL, HERE, SRC, free_port, launch, report
+
+pytestmark = pytest.mark.distributed  # every test here runs a multi-process job
 
 
 def _mlp():
@@ -181,9 +183,7 @@ def _worker_alone():
 
 def test_init_timeout_when_a_rank_never_joins():
     """WORLD_SIZE=2 but only rank 0 starts: init_process_group gives up after its timeout."""
-    import test_distributed as td
-
-    job = td.launch(__file__, "alone", 1, timeout=90, env={"WORLD_SIZE": "2"})
+    job = launch(__file__, "alone", 1, timeout=90, env={"WORLD_SIZE": "2"})
     res = job.results[0]
     assert res is not None and res["raised"], job.log()
     assert res["seconds"] < 30, res
@@ -212,8 +212,6 @@ def _spawned(rank, world, port):
 def _worker_spawn():
     import torch.multiprocessing as mp
 
-    from test_distributed import free_port
-
     mp.spawn(_spawned, args=(2, free_port()), nprocs=2, join=True)
 
 
@@ -224,16 +222,12 @@ def test_mp_spawn_launch():
 
 
 def _worker_early():
-    """Under torchrun: the tpu device is used before init_process_group. `_runtime` calls
-    `before_backend()` as the backend starts (called here directly too, in case this tree's
-    _runtime does not yet), which joins JAX's runtime through the agent's store."""
+    """Under torchrun: the tpu device is used before init_process_group. As the backend
+    starts, `_runtime` calls tpu_dist's `before_backend()`, which joins JAX's runtime
+    through the agent's store."""
     import torch
     import torch.distributed as dist
 
-    import torch_tpu.distributed  # noqa: F401
-    from torch_tpu.distributed import _bootstrap
-
-    _bootstrap.before_backend()
     x = torch.ones(3, device="tpu") * (int(os.environ["RANK"]) + 1)
     dist.init_process_group("tpu_dist")
     dist.all_reduce(x)
@@ -242,8 +236,6 @@ def _worker_early():
 
 def test_torchrun_device_used_before_init():
     import subprocess
-
-    from test_distributed import SRC, free_port
 
     out_dir = tempfile.mkdtemp(prefix="tpu_dist_early_")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),

@@ -15,11 +15,12 @@ import sys
 
 import pytest
 
-from test_distributed import SRC, free_port, launch
+from helpers.dist_launch import FULL, SRC, free_port, launch
+
+pytestmark = pytest.mark.distributed  # every test here runs a multi-process job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
-FULL = os.environ.get("TORCH_TPU_DIST_TESTS", "") == "full"
 
 DEFAULT = [("dp_tp_2d", "llama", 4)]
 EVERYTHING = [(s, m, n) for s in ("ddp", "fsdp2", "tp") for m in ("llama", "qwen")

@@ -3,19 +3,19 @@ single-process result, forward and backward, under a tensor-parallel plan and un
 FSDP2 + TP on a small HF Llama.
 
 The jobs run under torchrun on 127.0.0.1; this file is also the worker
-(`torchrun ... tests/test_dtensor_attention.py --worker SCENARIO`), a user script that
-prints one `RESULT {json}` line per rank. Unlike examples/tp.py (whose plan hands plain
+(`torchrun ... tests/test_dtensor_attention.py --worker SCENARIO`), a user script whose
+ranks each write their results (helpers.dist_launch.report). Unlike examples/tp.py (whose plan hands plain
 local tensors to attention), the plans here keep DTensors through attention
 (`use_local_output=False`), so SDPA itself runs on DTensors: torch's fused-attention
 "overrideable" op, with the sharding strategies of torch_tpu/distributed/_dtensor.py.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -23,15 +23,18 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
-TAG = "RESULT "
 
 
 def torchrun(nproc: int, scenario: str, timeout: float) -> tuple[int, str, list]:
     """Run this file's worker under torchrun; -> (exit code, output, each rank's result)."""
-    from test_distributed import free_port
+    import json
 
+    from helpers.dist_launch import free_port
+
+    out_dir = tempfile.mkdtemp(prefix="tpu_dtensor_test_")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1", WORKER_DEADLINE_S=str(int(timeout)),
+               TPU_DIST_TEST_OUT=out_dir,
                PYTHONPATH=os.pathsep.join([EXAMPLES, SRC, os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}",
@@ -47,8 +50,12 @@ def torchrun(nproc: int, scenario: str, timeout: float) -> tuple[int, str, list]
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             out, _ = p.communicate()
-    results = sorted((json.loads(line[len(TAG):]) for line in out.splitlines()
-                      if line.startswith(TAG)), key=lambda r: r["rank"])
+    paths = [os.path.join(out_dir, f"result{rank}.json") for rank in range(nproc)]
+    results = []
+    for path in paths:
+        if os.path.exists(path):
+            with open(path) as f:
+                results.append(json.load(f))
     return p.returncode, out, results
 
 
@@ -66,15 +73,41 @@ def test_internals_check_catches_a_change(monkeypatch):
 
     from torch_tpu.distributed import _dtensor
 
-    monkeypatch.setattr(utils, "expand_to_full_mesh_op_strategy",
-                        lambda mesh, schema, strategies, *, input_index=1: None)
+    def expand_to_full_mesh_op_strategy(mesh, op_schema, single_mesh_dim_strategies, *,
+                                        input_index=1):  # no is_valid_strategy_cb
+        return None
+
+    monkeypatch.setattr(utils, "expand_to_full_mesh_op_strategy", expand_to_full_mesh_op_strategy)
     problems = _dtensor.check_internals()
     assert len(problems) == 1 and "is_valid_strategy_cb" in problems[0], problems
 
 
+def test_local_results_take_the_meta_layout(tpu):
+    """DTensor views a local result by the meta kernel's strides; a contiguous tpu result
+    of an op that keeps its input's layout is laid out that way first (values unchanged),
+    and one already laid out so is left alone (no copy)."""
+    import types
+
+    import torch
+
+    from torch_tpu._patches import _meta_layout
+
+    x = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
+    # a (B, H, S, D) result whose meta strides are those of a (B, S, H, D) tensor transposed
+    spec = types.SimpleNamespace(tensor_meta=types.SimpleNamespace(stride=(60, 5, 15, 1)))
+    t = _meta_layout(x.to(tpu), spec)
+    assert t.stride() == (60, 5, 15, 1)
+    assert torch.equal(t.cpu(), x)
+    assert t.transpose(1, 2).view(2, 4, 15).shape == (2, 4, 15)
+    same = x.to(tpu)
+    contiguous = types.SimpleNamespace(tensor_meta=types.SimpleNamespace(stride=(60, 20, 5, 1)))
+    assert _meta_layout(same, contiguous) is same
+
+
 def test_registered_lazily():
-    """`import torch` loads torch_tpu but not DTensor (~2 s); the strategies go in when the
-    user imports torch.distributed.tensor, and leave the import machinery as it was."""
+    """`import torch` loads torch_tpu but not DTensor (~2 s); the strategies and the layout
+    patch go in when the user imports torch.distributed.tensor, and leave the import
+    machinery as it was."""
     code = (
         "import sys, torch\n"
         "assert 'torch_tpu.distributed' in sys.modules\n"
@@ -86,6 +119,9 @@ def test_registered_lazily():
         "assert funcs[_dtensor.FORWARD] is _dtensor._forward_strategy\n"
         "assert funcs[_dtensor.BACKWARD] is _dtensor._backward_strategy\n"
         "assert not any(isinstance(f, _dtensor._OnImport) for f in sys.meta_path)\n"
+        "from torch.distributed.tensor._dispatch import OpDispatcher\n"
+        "from torch_tpu import _patches\n"
+        "assert OpDispatcher.wrap._tpu_patch is _patches.DTENSOR_WRAP\n"
         "assert type(t.__loader__).__name__ == 'SourceFileLoader', t.__loader__\n"
         "print('ok')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
@@ -120,6 +156,7 @@ def test_fsdp2_tp_llama(nproc):
     for r in results:
         assert r["dtensor_attention"], r
         assert r["max_rel_diff"] <= 1e-5, r
+        assert r["mesh_2d_sdpa"] <= 1e-5, r
 
 
 # ---------------------------------------------------------------- the worker (user code)
@@ -128,6 +165,7 @@ def _worker(scenario: str) -> None:
     import torch.distributed as dist
 
     import torch_tpu  # noqa: F401  (the tpu device and the tpu_dist backend)
+    from helpers.dist_launch import report
 
     dist.init_process_group("tpu_dist")
     result = {"rank": dist.get_rank()}
@@ -139,13 +177,12 @@ def _worker(scenario: str) -> None:
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     result["seconds"] = round(time.monotonic() - t0, 1)
-    print(TAG + json.dumps(result), flush=True)
+    report(result)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def _attention_module():
-    import torch
     import torch.nn.functional as F
     from torch import nn
 
@@ -332,7 +369,27 @@ def _llama_fsdp2_tp() -> dict:
     ref = common.reference(args, kv_heads)
     worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, ref))
     return {"losses": losses, "reference": ref, "max_rel_diff": worst,
-            "dtensor_attention": bool(seen) and all(seen)}
+            "dtensor_attention": bool(seen) and all(seen), "mesh_2d_sdpa": _sdpa_2d(mesh)}
+
+
+def _sdpa_2d(mesh) -> float:
+    """SDPA on the (dp, tp) mesh itself: the batch split over dp and the heads over tp.
+    -> the max abs difference from CPU (output and q, k, v gradients)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    g = torch.Generator().manual_seed(4)
+    qkv = [torch.randn(2 * mesh.size(0), 4, 8, 16, generator=g) for _ in range(3)]
+    ins = [t.clone().requires_grad_() for t in qkv]
+    out = F.scaled_dot_product_attention(*ins, is_causal=True)
+    out.square().sum().backward()
+    dins = [distribute_tensor(t.to("tpu"), mesh, [Shard(0), Shard(1)]).requires_grad_()
+            for t in qkv]
+    dout = F.scaled_dot_product_attention(*dins, is_causal=True)
+    assert dout.placements == (Shard(0), Shard(1)), dout.placements
+    dout.square().sum().backward()
+    return max([_max_diff(dout, out)] + [_max_diff(a.grad, b.grad) for a, b in zip(dins, ins)])
 
 
 if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--worker":

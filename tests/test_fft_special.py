@@ -1,4 +1,5 @@
-"""FFTs and torch.special's Bessel functions and orthogonal polynomials on tpu against CPU."""
+"""FFTs and torch.special's Bessel functions and orthogonal polynomials on tpu against CPU,
+in Strict and in DeferAndFuse (the `eager` fixture)."""
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ def assert_close(out, ref, **kw):
 # ---------------------------------------------------------------- FFT
 # the three aten primitives, every normalization: 0 = none, 1 = 1/sqrt(n), 2 = 1/n
 @pytest.mark.parametrize("norm", [0, 1, 2])
-def test_fft_primitives(norm):
+def test_fft_primitives(eager, norm):
     x = _randn(3, 4, 6)
     z = _randn(3, 4, 6, dtype=torch.complex64, seed=1)
     half = _randn(3, 4, 4, dtype=torch.complex64, seed=2)
@@ -46,12 +47,12 @@ def test_fft_primitives(norm):
     lambda t: torch.fft.fftn(t.to(torch.complex64), dim=(0, 1, 2, 3)),  # more dims than XLA's 3
     lambda t: torch.fft.ifftn(t.to(torch.complex64), s=(3, 8), norm="forward"),
 ])
-def test_torch_fft_functions(fn):
+def test_torch_fft_functions(eager, fn):
     x = _randn(2, 3, 4, 5)
     assert_close(fn(x.to("tpu")), fn(x))
 
 
-def test_fft_backward():
+def test_fft_backward(eager):
     x = _randn(4, 6)
     c, t = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
     for leaf in (c, t):
@@ -59,7 +60,7 @@ def test_fft_backward():
     assert_close(t.grad, c.grad)
 
 
-def test_conjugate_views_of_fft_results():
+def test_conjugate_views_of_fft_results(eager):
     """torch returns ifft/ihfft of real input as a lazy .conj() of _fft_r2c's result, and
     hfft conjugates its input the same way: the conj bit must survive clone, copy_, mm
     and the copy to the host."""
@@ -89,7 +90,7 @@ _X = torch.cat([torch.linspace(-12, 12, 49),
 
 
 @pytest.mark.parametrize("name", BESSEL)
-def test_bessel_and_airy(name):
+def test_bessel_and_airy(eager, name):
     fn = getattr(torch.special, name)
     assert_close(fn(_X.to("tpu")), fn(_X), atol=1e-6, rtol=1e-5)
     ints = torch.arange(-3, 4)
@@ -104,7 +105,7 @@ POLYNOMIALS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_po
 
 
 @pytest.mark.parametrize("name", POLYNOMIALS)
-def test_orthogonal_polynomials(name):
+def test_orthogonal_polynomials(eager, name):
     fn = getattr(torch.special, name)
     # both ends of [-1, 1] and [0, 1], inside (the trigonometric forms) and outside (the
     # recurrence), non-integer, negative, NaN and above-limit degrees (Hermite: NaN > 128)

@@ -20,26 +20,25 @@ from torch_tpu._integrations import accelerate as adapter  # noqa: E402
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 
-def _original(name):
-    member = inspect.getattr_static(PartialState, name)
-    fn = member.fget if isinstance(member, property) else member
-    return fn.__wrapped__
-
-
-def test_written_against_this_accelerate():
+@pytest.mark.parametrize("patch", adapter.PATCHES, ids=lambda p: p.target)
+def test_written_against_this_accelerate(patch):
     """A new accelerate must be read against the wrappers before the pin moves: they call
-    through these three members and rely on what each returns when it finds no device."""
-    assert PartialState._tpu_patched
+    through these members and rely on what each returns when it finds no device."""
     assert accelerate.__version__ == adapter.WRITTEN_AGAINST, (
         f"accelerate {accelerate.__version__}: re-check torch_tpu/_integrations/accelerate.py "
         f"(written against {adapter.WRITTEN_AGAINST}), then update WRITTEN_AGAINST")
-    for name, expected in adapter.SIGNATURES.items():
-        assert adapter.signature(_original(name)) == expected, name
+    owner, name = patch.owner_and_name()
+    assert inspect.getattr_static(owner, name)._tpu_patch is patch
+    assert patch.current_signature() == patch.signature, (
+        f"accelerate changed {patch.target}: was {patch.signature}, "
+        f"now {patch.current_signature()}")
 
 
+@pytest.mark.slow  # a fresh process: torch_tpu, then accelerate
 def test_patched_only_when_accelerate_is_imported():
     code = ("import sys, torch_tpu; assert 'accelerate' not in sys.modules, 'imported early';"
-            "from accelerate.state import PartialState; assert PartialState._tpu_patched;"
+            "from accelerate.state import PartialState;"
+            "assert PartialState.set_device._tpu_patch;"
             "print(PartialState().device)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
     env.pop("LOCAL_RANK", None)

@@ -6,10 +6,11 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers  # (requirements-dev.txt: a missing install fails, not skips)
 
 import torch_tpu
 
-transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # whole models trained per mode: minutes on 2 cores
 
 VOCAB, SEQ, BATCH = 128, 16, 2
 MODES = ["strict", "defer_and_fuse", "debug"]

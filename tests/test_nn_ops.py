@@ -1,10 +1,12 @@
 """nn, normalization, loss, convolution, pooling and upsampling ops on tpu against CPU:
-forward values and autograd gradients, plus a small CNN and an MLP trained on both."""
+forward values and autograd gradients, plus a small CNN and an MLP trained on both; each in
+Strict and in DeferAndFuse (the `eager` fixture)."""
 import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
+from mode_matrix import parametrize
 
 aten = torch.ops.aten
 
@@ -247,12 +249,9 @@ def _run(case, dtype, device):
     return [out, *grads]
 
 
-PARAMS = [pytest.param(case, torch.float32, id=f"{case.name}-f32") for case in CASES] + [
-    pytest.param(case, torch.bfloat16, id=f"{case.name}-bf16") for case in CASES if case.bf16]
-
-
-@pytest.mark.parametrize("case,dtype", PARAMS)
-def test_op_forward_backward(case, dtype):
+@parametrize("case,dtype", [(c.name, (c,), [torch.float32] + [torch.bfloat16] * c.bf16)
+                             for c in CASES])
+def test_op_forward_backward(eager, case, dtype):
     expected = _run(case, dtype, "cpu")
     got = _run(case, dtype, "tpu")
     for g, e in zip(got, expected):
@@ -270,7 +269,7 @@ def _dispatches():
     return sum(n for k, n in metrics.counters.items() if k.startswith("dispatches."))
 
 
-def test_sdpa_is_one_fused_op_each_way():
+def test_sdpa_is_one_fused_op_each_way(eager):
     """F.scaled_dot_product_attention on tpu takes torch's "overrideable" backend: one
     forward op and one backward op, not the math path's dozen small ones."""
     q, k, v = _sdpa_inputs("tpu")
@@ -283,7 +282,7 @@ def test_sdpa_is_one_fused_op_each_way():
     assert _dispatches() - before <= 2
 
 
-def test_sdpa_backend_choice_follows_torch():
+def test_sdpa_backend_choice_follows_torch(eager):
     """The user's backend selection, dropout and a mask beside is_causal keep torch's math
     path on tpu too, with its results and its errors."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -303,7 +302,7 @@ def test_sdpa_backend_choice_follows_torch():
         F.scaled_dot_product_attention(q, k, v, mask, is_causal=True, enable_gqa=True)
 
 
-def test_sdpa_query_that_sees_no_key_gives_zeros():
+def test_sdpa_query_that_sees_no_key_gives_zeros(eager):
     """torch's math path (_safe_softmax) gives 0 for a fully masked query row, not NaN."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     mask = torch.ones(6, 6, dtype=torch.bool)
@@ -320,7 +319,7 @@ def test_sdpa_query_that_sees_no_key_gives_zeros():
         torch.testing.assert_close(g.cpu(), e, **TOL[torch.float32])
 
 
-def test_batch_norm_updates_running_stats():
+def test_batch_norm_updates_running_stats(eager):
     x, w, b = randn(4, 3, 5), randn(3, seed=1), randn(3, seed=2)
     results = {}
     for device in ("cpu", "tpu"):
@@ -333,7 +332,7 @@ def test_batch_norm_updates_running_stats():
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
-def test_batch_norm_module(train):
+def test_batch_norm_module(eager, train):
     torch.manual_seed(0)
     bn = torch.nn.BatchNorm2d(3).train(train)
     bn.running_mean.normal_()
@@ -345,7 +344,7 @@ def test_batch_norm_module(train):
     torch.testing.assert_close(bn_tpu.running_var.cpu(), bn.running_var)
 
 
-def test_batch_norm_with_update():
+def test_batch_norm_with_update(eager):
     x, w, b = randn(4, 3, 5), randn(3, seed=1), randn(3, seed=2)
     results = {}
     for device in ("cpu", "tpu"):
@@ -357,7 +356,7 @@ def test_batch_norm_with_update():
         torch.testing.assert_close(g.cpu(), e, **TOL[torch.float32])
 
 
-def test_rrelu_eval_and_gradient():
+def test_rrelu_eval_and_gradient(eager):
     x = randn(3, 7)
     expected = F.rrelu(x, 0.1, 0.4, training=False)
     xt = x.to("tpu").requires_grad_()
@@ -367,7 +366,7 @@ def test_rrelu_eval_and_gradient():
     torch.testing.assert_close(grad.cpu(), torch.where(x > 0, 1.0, 0.25))
 
 
-def test_rrelu_training_draws_slopes():
+def test_rrelu_training_draws_slopes(eager):
     x = -torch.rand(4000).to("tpu").requires_grad_()
     torch.manual_seed(5)
     out = F.rrelu(x, 0.2, 0.3, training=True)
@@ -382,7 +381,7 @@ def test_rrelu_training_draws_slopes():
 
 
 @pytest.mark.parametrize("weights", [False, True], ids=["counts", "weights"])
-def test_bincount(weights):
+def test_bincount(eager, weights):
     x = torch.tensor([4, 1, 1, 0, 7, 4, 4])
     w = probs(7) if weights else None
     for minlength in (0, 10):
@@ -392,7 +391,7 @@ def test_bincount(weights):
         torch.testing.assert_close(got.cpu(), expected)
 
 
-def test_histogram():
+def test_histogram(eager):
     x = randn(50)
     w = probs(50, seed=1)
     for kwargs in (dict(bins=7), dict(bins=5, range=(-1.0, 0.5), weight=w, density=True),
@@ -408,7 +407,7 @@ def test_histogram():
     torch.testing.assert_close(got.bin_edges.cpu(), torch.tensor([1.5, 2.0, 2.5]))
 
 
-def test_histogramdd():
+def test_histogramdd(eager):
     x = randn(40, 3)
     for bins in ([3, 4, 2], [torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([-3.0, 3.0]),
                              torch.tensor([-0.5, 0.5, 1.0])]):
@@ -421,7 +420,7 @@ def test_histogramdd():
             torch.testing.assert_close(g.cpu(), e)
 
 
-def test_empty_searchsorted_and_nonzero_static():
+def test_empty_searchsorted_and_nonzero_static(eager):
     seq, values = torch.empty(0, 3), torch.empty(0, 2)
     got = torch.searchsorted(seq.to("tpu"), values.to("tpu"))
     assert got.shape == (0, 2) and got.dtype == torch.int64
@@ -430,7 +429,7 @@ def test_empty_searchsorted_and_nonzero_static():
                                torch.nonzero_static(x, size=3, fill_value=-2))
 
 
-def test_dropout_mask_and_gradient():
+def test_dropout_mask_and_gradient(eager):
     x = torch.ones(4000, device="tpu", requires_grad=True)
     out = F.dropout(x, p=0.25, training=True)
     (grad,) = torch.autograd.grad(out.sum(), x)
@@ -441,7 +440,7 @@ def test_dropout_mask_and_gradient():
     torch.testing.assert_close(grad, out)  # d(x * mask * scale)/dx = mask * scale
 
 
-def test_dropout_seeded_and_eval():
+def test_dropout_seeded_and_eval(eager):
     x = randn(64).to("tpu")
     torch.manual_seed(3)
     a = F.dropout(x, 0.5).cpu()
@@ -466,7 +465,7 @@ def _train(model, device, steps=3):
     return losses
 
 
-def test_tiny_cnn_sgd_parity():
+def test_tiny_cnn_sgd_parity(eager):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
@@ -481,7 +480,7 @@ def test_tiny_cnn_sgd_parity():
         torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_mlp_with_dropout_eval():
+def test_mlp_with_dropout_eval(eager):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5),
                                 torch.nn.Linear(16, 3)).eval()
@@ -492,7 +491,7 @@ def test_mlp_with_dropout_eval():
 
 
 @pytest.mark.parametrize("dim", [0, 1, None])
-def test_weight_norm_forward_and_backward(dim):
+def test_weight_norm_forward_and_backward(eager, dim):
     """nn.utils.weight_norm (EnCodec, UniSpeech, WavTokenizer): _weight_norm_interface and
     its backward."""
     import warnings
@@ -518,7 +517,7 @@ def test_weight_norm_forward_and_backward(dim):
                                     (torch.nn.LSTMCell, {}), (torch.nn.GRUCell, {}),
                                     (torch.nn.LSTM, dict(bias=False, num_layers=2)),
                                     (torch.nn.GRU, dict(bias=False, batch_first=True))])
-def test_recurrent_layers_forward_and_backward(cls, kw):
+def test_recurrent_layers_forward_and_backward(eager, cls, kw):
     """nn.LSTM/GRU and their cells reach the fused cells (_thnn_fused_*), as on CUDA."""
     import copy
 

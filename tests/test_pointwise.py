@@ -1,10 +1,12 @@
 """Elementwise ops on tpu against CPU: values, torch's type promotion, special values,
-activation gradients, the _foreach_* ops and the optimizers that use them."""
+activation gradients, the _foreach_* ops and the optimizers that use them; each in Strict
+and in DeferAndFuse (the `eager` fixture)."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from mode_matrix import parametrize
 
 F32, BF16, I64, F64 = torch.float32, torch.bfloat16, torch.int64, torch.float64
 FLOATS = (F32, BF16)
@@ -105,18 +107,20 @@ UNARY = [
 ]
 
 
-def _cases(table):
-    """One pytest case per (entry, dtype it lists): entries end with their dtypes."""
-    return [pytest.param(*entry[:-1], dt, id=f"{entry[0]}-{str(dt)[6:]}")
-            for entry in table for dt in entry[-1]]
+def _cases(table, dtypes=None):
+    """The mode_matrix entries of a table whose entries start with a name and end with their
+    dtypes (or all take `dtypes`)."""
+    if dtypes is not None:
+        return [(e[0], e, dtypes) for e in table]
+    return [(e[0], e[:-1], e[-1]) for e in table]
 
 
 # ops whose float32 special functions differ from torch's own algorithms by a few ulp
 LOOSE = {"lgamma", "digamma", "erfinv", "trigamma", "polygamma3", "erfcx", "i0"}
 
 
-@pytest.mark.parametrize("name,fn,domain,dtype", _cases(UNARY))
-def test_unary(name, fn, domain, dtype):
+@parametrize("name,fn,domain,dtype", _cases(UNARY))
+def test_unary(eager, name, fn, domain, dtype):
     x = make((3, 4), dtype, domain) if dtype != torch.bool else make((3, 4), F32) > 0
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == F32 and name in LOOSE else {}
     check(fn, x, **tol)
@@ -129,9 +133,8 @@ SPECIAL_UNARY = [torch.abs, torch.sign, torch.sgn, torch.floor, torch.round, tor
                  torch.digamma, torch.lgamma, torch.erfinv, torch.reciprocal, torch.angle]
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("fn", SPECIAL_UNARY, ids=lambda f: getattr(f, "__name__", "fn"))
-def test_unary_special_values(fn, dtype):
+@parametrize("name,fn,dtype", _cases([(f.__name__, f) for f in SPECIAL_UNARY], FLOATS))
+def test_unary_special_values(eager, name, fn, dtype):
     check(fn, torch.tensor(SPECIALS, dtype=dtype))
 
 
@@ -181,8 +184,8 @@ BINARY = [
 ]
 
 
-@pytest.mark.parametrize("name,fn,da,db,dtype", _cases(BINARY))
-def test_binary(name, fn, da, db, dtype):
+@parametrize("name,fn,da,db,dtype", _cases(BINARY))
+def test_binary(eager, name, fn, da, db, dtype):
     a = make((3, 4), dtype, da, seed=1)
     b = make((4,), dtype, db, seed=2)  # broadcast
     check(fn, a, b)
@@ -240,7 +243,7 @@ PROMOTION = [
 
 
 @pytest.mark.parametrize("desc,fn,inputs", PROMOTION, ids=[p[0] for p in PROMOTION])
-def test_promotion(desc, fn, inputs):
+def test_promotion(eager, desc, fn, inputs):
     check(fn, *inputs)
 
 
@@ -266,9 +269,8 @@ FUSED = [
 ]
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("name,fn", FUSED, ids=[f[0] for f in FUSED])
-def test_fused(name, fn, dtype):
+@parametrize("name,fn,dtype", _cases(FUSED, FLOATS))
+def test_fused(eager, name, fn, dtype):
     check(fn, make((3, 4), dtype, seed=3), make((4,), dtype, seed=4))
 
 
@@ -300,9 +302,8 @@ ACTIVATIONS = [
 ]
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("name,fn", ACTIVATIONS, ids=[a[0] for a in ACTIVATIONS])
-def test_activation_forward_backward(name, fn, dtype):
+@parametrize("name,fn,dtype", _cases(ACTIVATIONS, FLOATS))
+def test_activation_forward_backward(eager, name, fn, dtype):
     x = make((3, 4), dtype, seed=5)
     x[0, :3] = torch.tensor([0.0, 3.0, -3.0])  # the kinks of relu/hardsigmoid/hardswish
     g = make((3, 4), dtype, seed=6)
@@ -331,7 +332,7 @@ GRADS = [
 
 
 @pytest.mark.parametrize("name,fn", GRADS, ids=[g[0] for g in GRADS])
-def test_math_backward(name, fn):
+def test_math_backward(eager, name, fn):
     a, b = make((3, 4), F32, seed=7), make((3, 4), F32, seed=8)
 
     def run(device):
@@ -393,10 +394,8 @@ FOREACH_XFAIL = {
 }
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("name,fn", [pytest.param(*f, id=f[0], marks=FOREACH_XFAIL.get(f[0], ()))
-                                     for f in FOREACH])
-def test_foreach(name, fn, dtype):
+@parametrize("name,fn,dtype", _cases(FOREACH, FLOATS), FOREACH_XFAIL)
+def test_foreach(eager, name, fn, dtype):
     a, b = _lists(dtype, seed=10), _lists(dtype, seed=20)
 
     def run(device):
@@ -405,16 +404,21 @@ def test_foreach(name, fn, dtype):
     torch.testing.assert_close(run("tpu"), run("cpu"), **_chain_tol(dtype))
 
 
-def test_foreach_is_one_program():
-    """A foreach op over many tensors compiles and dispatches once, not once per tensor."""
+def test_foreach_is_one_program(eager):
+    """A foreach op over many tensors compiles and dispatches (or records) once, not once
+    per tensor."""
+    import torch_tpu
     from torch_tpu import metrics
 
-    params = [torch.randn(4, 4, device="tpu") for _ in range(8)]
+    host = [make((4, 4), F32, seed=i) for i in range(8)]
+    params = [p.to("tpu") for p in host]
     torch._foreach_mul_(params, 0.5)  # warm up the cache
-    metrics.reset()
+    before = metrics.counters.copy()
     torch._foreach_mul_(params, 0.25)
-    assert metrics.counters["dispatches.strict"] == 1
-    assert metrics.counters.get("cache_misses", 0) == 0
+    grew = metrics.counters - before
+    assert grew[f"dispatches.{torch_tpu.get_eager_mode().value}"] == 1
+    assert grew["cache_misses"] == 0
+    torch.testing.assert_close([p.cpu() for p in params], [p * 0.125 for p in host])
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "debug"])
@@ -467,8 +471,8 @@ class _TorchCalls(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("name,make_opt,dtype", _cases(OPTIMIZERS))
-def test_optimizer_foreach_steps(name, make_opt, dtype):
+@parametrize("name,make_opt,dtype", _cases(OPTIMIZERS))
+def test_optimizer_foreach_steps(eager, name, make_opt, dtype):
     params, grads = _params_and_grads(dtype, steps=3)
 
     def run(device):
@@ -487,7 +491,7 @@ def test_optimizer_foreach_steps(name, make_opt, dtype):
     torch.testing.assert_close(run("tpu"), run("cpu"), **_chain_tol(dtype))
 
 
-def test_clip_grad_norm_foreach():
+def test_clip_grad_norm_foreach(eager):
     params, grads = _params_and_grads(F32, 1)
 
     def run(device):

@@ -1,5 +1,6 @@
 """Random sampling and factories on tpu: distribution statistics, reproducibility under
-torch.manual_seed and tpu Generators, and every factory against CPU."""
+torch.manual_seed and tpu Generators, and every factory against CPU; each in Strict and in
+DeferAndFuse (the `eager` fixture)."""
 import math
 
 import pytest
@@ -56,7 +57,7 @@ DISTRIBUTIONS = {
 
 
 @pytest.mark.parametrize("name", list(DISTRIBUTIONS))
-def test_distribution(name):
+def test_distribution(eager, name):
     sample, mean, std = DISTRIBUTIONS[name]
     torch.manual_seed(0)
     t = sample()
@@ -83,7 +84,7 @@ RANGES = {
 
 
 @pytest.mark.parametrize("name", list(RANGES))
-def test_range(name):
+def test_range(eager, name):
     sample, low, high = RANGES[name]
     t = sample().cpu()
     lo, hi = t.min().item(), t.max().item()
@@ -93,7 +94,7 @@ def test_range(name):
         assert torch.equal(t, t.round()) if t.is_floating_point() else True
 
 
-def test_randperm():
+def test_randperm(eager):
     torch.manual_seed(0)
     p = torch.randperm(50, device=TPU)
     assert p.dtype == torch.int64
@@ -102,7 +103,7 @@ def test_randperm():
     assert torch.randperm(7, device=TPU, dtype=torch.int32).dtype == torch.int32
 
 
-def test_multinomial_with_replacement_frequencies():
+def test_multinomial_with_replacement_frequencies(eager):
     torch.manual_seed(0)
     probs = torch.tensor([[1.0, 2.0, 7.0], [5.0, 0.0, 5.0]], device=TPU)  # unnormalized
     draws = torch.multinomial(probs, N, replacement=True).cpu()
@@ -113,7 +114,7 @@ def test_multinomial_with_replacement_frequencies():
     assert (draws[1] != 1).all()  # zero probability is never drawn
 
 
-def test_multinomial_without_replacement():
+def test_multinomial_without_replacement(eager):
     torch.manual_seed(0)
     probs = torch.tensor([0.0, 1.0, 1.0, 8.0, 0.0, 2.0], device=TPU)
     draws = torch.stack([torch.multinomial(probs, 4) for _ in range(200)]).cpu()
@@ -124,7 +125,7 @@ def test_multinomial_without_replacement():
 
 
 # ---------------------------------------------------------------- reproducibility
-def test_manual_seed_reproduces():
+def test_manual_seed_reproduces(eager):
     torch.manual_seed(123)
     a = [torch.rand(5, device=TPU).cpu(), torch.randn(5, device=TPU).cpu()]
     torch.manual_seed(123)
@@ -134,7 +135,7 @@ def test_manual_seed_reproduces():
     assert not torch.equal(a[0], torch.rand(5, device=TPU).cpu())  # the generator advances
 
 
-def test_generator_argument():
+def test_generator_argument(eager):
     g = torch.Generator(device=TPU).manual_seed(1)
     a = torch.rand(6, device=TPU, generator=g).cpu()
     b = torch.rand(6, device=TPU, generator=g).cpu()
@@ -150,7 +151,7 @@ def test_generator_argument():
     assert torch.equal(torch.randn(4, device=TPU).cpu(), ref)
 
 
-def test_rng_state_roundtrip():
+def test_rng_state_roundtrip(eager):
     torch.manual_seed(0)
     state = torch.tpu.get_rng_state()
     a = torch.rand(4, device=TPU).cpu()
@@ -158,7 +159,7 @@ def test_rng_state_roundtrip():
     assert torch.equal(torch.rand(4, device=TPU).cpu(), a)
 
 
-def test_cpu_generator_rejected():
+def test_cpu_generator_rejected(eager):
     with pytest.raises(RuntimeError):
         torch.rand(3, device=TPU, generator=torch.Generator())
 
@@ -215,14 +216,14 @@ def _zero_columns(x):
 
 
 @pytest.mark.parametrize("name", list(FACTORIES))
-def test_factory(name):
+def test_factory(eager, name):
     fn = FACTORIES[name]
     got = fn(TPU)
     assert got.device.type == TPU
     torch.testing.assert_close(got.cpu(), fn("cpu"))
 
 
-def test_factory_follows_default_dtype():
+def test_factory_follows_default_dtype(eager):
     torch.linspace(0, 1, 3, device=TPU)  # cache an entry under the float32 default
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)

@@ -3,7 +3,6 @@ from_pretrained, generators, DataLoader with pinned memory and workers, activati
 checkpointing and fork_rng. Each of these crashed or failed on a pure-Python version of
 the representation; the crash test runs each in a subprocess and checks the exit code."""
 import copy
-import io
 import pickle
 import subprocess
 import sys
@@ -68,7 +67,8 @@ def test_storages_have_identity_and_size():
 
 
 def test_hf_save_pretrained_from_pretrained(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
                                    num_hidden_layers=1, num_attention_heads=2,
                                    num_key_value_heads=1)

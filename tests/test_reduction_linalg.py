@@ -1,6 +1,8 @@
-"""Reductions, scans, sorting, matrix products and decompositions on tpu against CPU."""
+"""Reductions, scans, sorting, matrix products and decompositions on tpu against CPU, in
+Strict and in DeferAndFuse (the `eager` fixture)."""
 import pytest
 import torch
+from mode_matrix import parametrize
 
 import torch_tpu  # noqa: F401
 
@@ -126,16 +128,15 @@ BF16_REDUCTIONS = ["sum", "sum_dim", "sum_dtype", "mean_dim", "prod_dim", "amax"
                    "vector_norm", "vector_norm_3", "sort_desc"]
 
 
-@pytest.mark.parametrize("name,dtype", [(n, d) for d in (torch.float32, torch.int64) for n in REDUCTIONS]
-                         + [(n, torch.bfloat16) for n in BF16_REDUCTIONS])
-def test_reduction(name, dtype):
+@parametrize("name,dtype", [(n, (n,), [torch.float32, torch.int64]
+                              + [torch.bfloat16] * (n in BF16_REDUCTIONS)) for n in REDUCTIONS])
+def test_reduction(eager, name, dtype):
     out, ref = run_both(REDUCTIONS[name], sample(dtype))
     assert_close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
-@pytest.mark.parametrize("name", list(TIED_INDEX))
-def test_tied_index_op(name, dtype):
+@parametrize("name,dtype", [(n, (n,), [torch.float32, torch.int64]) for n in TIED_INDEX])
+def test_tied_index_op(eager, name, dtype):
     x = sample(dtype)
     out, ref = run_both(TIED_INDEX[name], x)
     values, indices = cpu(out)
@@ -147,7 +148,7 @@ def test_tied_index_op(name, dtype):
 
 
 @pytest.mark.parametrize("fn", [lambda x: x.median(), lambda x: x.nanmedian()])
-def test_median_all(fn):
+def test_median_all(eager, fn):
     for x in (sample(torch.float32, (5,)), sample(torch.float32, (2, 4)), sample(torch.int64, (7,))):
         out, ref = run_both(fn, x)
         assert_close(out, ref, x.dtype)
@@ -159,16 +160,16 @@ GRAD_REDUCTIONS = ["sum_dim", "sum_dims_keepdim", "mean_dim", "prod_dim", "amax"
 
 
 @pytest.mark.parametrize("name", GRAD_REDUCTIONS)
-def test_reduction_backward(name):
+def test_reduction_backward(eager, name):
     grads_match(REDUCTIONS[name], sample(torch.float32))  # index outputs are not differentiable
 
 
 @pytest.mark.parametrize("name", ["topk", "kthvalue", "median_dim"])
-def test_tied_index_backward(name):
+def test_tied_index_backward(eager, name):
     grads_match(TIED_INDEX[name], sample(torch.float32))
 
 
-def test_integer_and_bool_sums_promote_like_torch():
+def test_integer_and_bool_sums_promote_like_torch(eager):
     cases = [torch.full((300,), 200, dtype=torch.uint8), torch.full((4,), 2**31 - 1, dtype=torch.int32),
              torch.tensor([True, False, True, True])]
     for x in cases:
@@ -178,7 +179,7 @@ def test_integer_and_bool_sums_promote_like_torch():
             assert_close(out, ref, torch.int64)
 
 
-def test_empty_reductions():
+def test_empty_reductions(eager):
     x = torch.zeros(0, 3)
     for fn in (lambda t: t.sum(), lambda t: t.sum(0), lambda t: t.prod(0), lambda t: t.mean(0),
                lambda t: t.amax(1), lambda t: t.any(0), lambda t: t.all(), lambda t: t.var(0),
@@ -190,7 +191,7 @@ def test_empty_reductions():
         torch.zeros(0, device="tpu").max()
 
 
-def test_nan_semantics():
+def test_nan_semantics(eager):
     x = torch.tensor([[1.0, float("nan"), 3.0, float("nan"), -1.0], [2.0, 0.0, -0.0, 2.0, 5.0]])
     for fn in (lambda t: t.max(), lambda t: t.amin(1), lambda t: t.argmax(1), lambda t: t.argmin(1),
                lambda t: t.max(1), lambda t: t.min(1), lambda t: t.cummax(1), lambda t: t.cummin(1),
@@ -201,7 +202,7 @@ def test_nan_semantics():
         assert_close(out, ref, atol=0, rtol=0)
 
 
-def test_stable_sort_indices_exact():
+def test_stable_sort_indices_exact(eager):
     x = torch.randint(0, 3, (3, 40)).float()
     x[0, 5] = -0.0
     x[1, ::7] = float("nan")
@@ -210,14 +211,14 @@ def test_stable_sort_indices_exact():
         assert_close(out, ref, atol=0, rtol=0)
 
 
-def test_var_correction_edge_cases():
+def test_var_correction_edge_cases(eager):
     x = sample(torch.float32, (3, 2))
     for c in (0, 1, 2, 3, 1.5):
         out, ref = run_both(lambda t: t.var(0, correction=c), x)
         assert_close(out, ref)
 
 
-def test_vector_norm_orders_share_one_compiled_entry():
+def test_vector_norm_orders_share_one_compiled_entry(eager):
     # ord is a Scalar: it is traced, so one executable serves every order
     x = sample(torch.float32)
     x[0, 0] = 0.0
@@ -257,9 +258,9 @@ PRODUCTS = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
-@pytest.mark.parametrize("name", list(PRODUCTS))
-def test_product(name, dtype):
+@parametrize("name,dtype", [(n, (n,), [torch.float32, torch.bfloat16, torch.int64])
+                             for n in PRODUCTS])
+def test_product(eager, name, dtype):
     fn, shapes = PRODUCTS[name]
     out, ref = run_both(fn, *_mats(dtype, *shapes))
     assert out.dtype == ref.dtype
@@ -267,12 +268,12 @@ def test_product(name, dtype):
 
 
 @pytest.mark.parametrize("name", list(PRODUCTS))
-def test_product_backward(name):
+def test_product_backward(eager, name):
     fn, shapes = PRODUCTS[name]
     grads_match(fn, *_mats(torch.float32, *shapes))
 
 
-def test_bf16_products_accumulate_in_float32():
+def test_bf16_products_accumulate_in_float32(eager):
     # a long contraction: bf16 accumulation would lose most of these small addends
     a = torch.full((2, 4096), 1.0, dtype=torch.bfloat16)
     b = torch.full((4096, 2), 2.0 ** -8, dtype=torch.bfloat16)
@@ -281,14 +282,14 @@ def test_bf16_products_accumulate_in_float32():
     assert_close(out, torch.mm(a, b), torch.bfloat16)
 
 
-def test_addmm_beta_zero_ignores_nan():
+def test_addmm_beta_zero_ignores_nan(eager):
     s = torch.full((5,), float("nan"))
     a, b = _mats(torch.float32, (3, 4), (4, 5))
     out, ref = run_both(lambda s, a, b: torch.addmm(s, a, b, beta=0), s, a, b)
     assert_close(out, ref)
 
 
-def test_misc_products():
+def test_misc_products(eager):
     a, b = _mats(torch.complex64, (4,), (4,))
     out, ref = run_both(torch.vdot, a, b)
     assert_close(out, ref)
@@ -365,7 +366,7 @@ DECOMP = {
 
 
 @pytest.mark.parametrize("name", list(DECOMP))
-def test_decomposition(name):
+def test_decomposition(eager, name):
     fn, make = DECOMP[name]
     out, ref = run_both(fn, *make())
     assert_close(out, ref, atol=1e-4, rtol=1e-4)
@@ -379,12 +380,12 @@ GRAD_DECOMP = ["cholesky", "inv", "solve", "solve_right", "solve_transposed", "d
 
 
 @pytest.mark.parametrize("name", GRAD_DECOMP)
-def test_decomposition_backward(name):
+def test_decomposition_backward(eager, name):
     fn, make = DECOMP[name]
     grads_match(fn, *make(), tol=1e-3)
 
 
-def test_lu_factor_ex_and_unpack_match_lapack():
+def test_lu_factor_ex_and_unpack_match_lapack(eager):
     a = sample(torch.float32, (2, 4, 4))
     out, ref = run_both(torch.linalg.lu_factor_ex, a)
     assert_close(out, ref)  # same packed LU, same 1-based pivots, info 0
@@ -392,7 +393,7 @@ def test_lu_factor_ex_and_unpack_match_lapack():
     assert_close(out, ref)
 
 
-def test_singular_and_failed_factorizations_report_info():
+def test_singular_and_failed_factorizations_report_info(eager):
     singular = torch.ones(3, 3)
     out, ref = run_both(lambda t: torch.linalg.lu_factor_ex(t).info, singular)
     assert out.item() > 0 and ref.item() > 0
@@ -402,7 +403,7 @@ def test_singular_and_failed_factorizations_report_info():
     assert out.item() > 0 and ref.item() > 0
 
 
-def test_qr_modes_and_svd_shapes():
+def test_qr_modes_and_svd_shapes(eager):
     a = sample(torch.float32, (5, 3))
     for mode in ("reduced", "complete", "r"):
         out, ref = run_both(lambda t: torch.linalg.qr(t, mode=mode), a)
@@ -414,7 +415,7 @@ def test_qr_modes_and_svd_shapes():
         assert_close(out[1], ref[1])
 
 
-def test_lstsq_driver_outputs():
+def test_lstsq_driver_outputs(eager):
     """Each driver fills what LAPACK's does: rank (not gels), singular values (gelsd,
     gelss), residuals (m > n; gelsd/gelss only at full rank); gelsy is CPU's default."""
     tall, b = sample(torch.float32, (5, 3)), sample(torch.float32, (5, 2), seed=1)
@@ -431,7 +432,7 @@ def test_lstsq_driver_outputs():
     assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_equal_and_what_uses_it():
+def test_equal_and_what_uses_it(eager):
     a = sample(torch.float32, (3, 4))
     b = a.clone()
     b[1, 2] = 7.0
@@ -448,7 +449,7 @@ def test_equal_and_what_uses_it():
 @pytest.mark.parametrize("p,mode", [(0, None), (1, None), (2, "donot_use_mm_for_euclid_dist"),
                                     (2, "use_mm_for_euclid_dist"), (3, None), (0.5, None),
                                     (float("inf"), None)])
-def test_cdist(p, mode):
+def test_cdist(eager, p, mode):
     a, b = sample(torch.float32, (2, 3, 4)), sample(torch.float32, (2, 5, 4), seed=1)
     b[0, 0] = a[0, 1]  # a zero distance: torch's gradient convention there is 0
     kw = {} if mode is None else dict(compute_mode=mode)
@@ -461,18 +462,18 @@ def test_cdist(p, mode):
 @pytest.mark.xfail(strict=True, reason=(
     "torch's det/slogdet backward picks the LU of A^T or of A by A.is_contiguous(), which a "
     "lowering cannot see; _linalg_det factors A^T, correct for contiguous A only"))
-def test_det_backward_of_non_contiguous_input():
+def test_det_backward_of_non_contiguous_input(eager):
     grads_match(lambda a: torch.linalg.det(a.mT), sample(torch.float32, (4, 4)), tol=1e-3)
 
 
 @pytest.mark.parametrize("kw", [{}, {"bins": 8, "min": 0, "max": 7}, {"bins": 4, "min": -1, "max": 1}])
-def test_histc_matches_cpu(kw):
+def test_histc_matches_cpu(eager, kw):
     torch.manual_seed(0)
     x = torch.randint(0, 8, (64,)).float() if kw.get("max") == 7 else torch.randn(64)
     assert torch.equal(torch.histc(x.to("tpu"), **kw).cpu(), torch.histc(x, **kw))
 
 
-def test_two_norm_of_tiny_values_does_not_vanish():
+def test_two_norm_of_tiny_values_does_not_vanish(eager):
     """XLA flushes subnormals to zero: squares of float32 values near 1e-22 vanish, and
     x / x.norm() became inf (ALIGN's image embeddings in a shrunken config)."""
     x = torch.randn(3, 5) * 1e-22
@@ -484,7 +485,7 @@ def test_two_norm_of_tiny_values_does_not_vanish():
 
 
 @pytest.mark.parametrize("p,dim", [(2, 0), (1, 1), (float("inf"), -1)])
-def test_renorm(p, dim):
+def test_renorm(eager, p, dim):
     x = torch.randn(4, 5, 3) * 3
     torch.testing.assert_close(torch.renorm(x.to("tpu"), p, dim, 2.5).cpu(),
                                torch.renorm(x, p, dim, 2.5))

@@ -8,7 +8,7 @@ is and once on the CPU, and the losses must agree within 1e-4.
 
 The CPU run hides the accelerator by standard means, not by a line in the script:
   - TORCH_DEVICE_BACKEND_AUTOLOAD=0, torch's own switch, loads no out-of-tree backend,
-    so the process is plain CPU torch (the counterpart of CUDA_VISIBLE_DEVICES="");
+    so the process is plain CPU torch (the counterpart of hiding every GPU);
   - ACCELERATE_USE_CPU=1, accelerate's own switch (what `accelerate launch --cpu` sets),
     which transformers reads too. One process does not need it, but under torchrun
     accelerate on a machine without an accelerator runs every process alone unless it is
@@ -31,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
 STEPS = 3
 TOLERANCE = 1e-4
+pytestmark = pytest.mark.slow  # each run imports transformers and compiles a small Llama
 
 
 # ---------------------------------------------------------------- the user's script
@@ -86,6 +87,12 @@ def _env(cpu: bool) -> dict:
     return env
 
 
+class RunFailed(RuntimeError):
+    def __init__(self, message: str, output: str):
+        super().__init__(message)
+        self.output = output
+
+
 def run(*, cpu: bool, optim: str | None = None, nproc: int = 1, timeout: float = 420) -> list[dict]:
     """Run the user's script (under torchrun when nproc > 1); one result per process."""
     out_dir = tempfile.mkdtemp(prefix="trainer_")
@@ -93,14 +100,15 @@ def run(*, cpu: bool, optim: str | None = None, nproc: int = 1, timeout: float =
     if nproc == 1:
         cmd = [sys.executable] + script
     else:
-        from test_distributed import free_port
+        from helpers.dist_launch import free_port
 
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                "--master-addr=127.0.0.1", f"--master-port={free_port()}"] + script
     p = subprocess.run(cmd, env=_env(cpu), capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
-        raise RuntimeError(f"{'CPU' if cpu else 'accelerator'} run failed "
-                           f"(exit {p.returncode}):\n{(p.stdout + p.stderr)[-8000:]}")
+        output = p.stdout + p.stderr
+        raise RunFailed(f"{'CPU' if cpu else 'accelerator'} run failed "
+                        f"(exit {p.returncode}):\n{output[-8000:]}", output)
     results = []
     for rank in range(nproc):
         with open(os.path.join(out_dir, f"result{rank}.json")) as f:
@@ -120,6 +128,8 @@ def check_against_cpu(got: list[dict], want: list[dict], fused: bool) -> None:
     device = accelerator_type()
     for r, (g, w) in enumerate(zip(got, want)):
         assert g["device"].split(":")[0] == device, (r, g["device"])
+        if len(got) > 1:  # under torchrun, as with CUDA: local rank r trains on device index r
+            assert g["device"] == f"{device}:{r}", (r, g["device"])
         assert w["device"] == "cpu", (r, w["device"])
         assert g["world_size"] == w["world_size"] == len(got)
         assert g["fused"] is w["fused"] is fused, (g, w)
@@ -138,9 +148,10 @@ def test_trainer_matches_cpu(optim):
     check_against_cpu(run(cpu=False, optim=optim), run(cpu=True, optim=optim), fused=optim is None)
 
 
+@pytest.mark.distributed
 def test_trainer_ddp_torchrun_matches_cpu_gloo():
-    want = run(cpu=True, optim="adamw_torch", nproc=2)
     got = run(cpu=False, optim="adamw_torch", nproc=2)
+    want = run(cpu=True, optim="adamw_torch", nproc=2)
     check_against_cpu(got, want, fused=False)
 
 

@@ -98,6 +98,10 @@ _DECLARED = [
     Setting("TORCH_TPU_DEBUG_CPU_CHECK", "bool", False, PER_OP,
             "Debug mode: every op runs again on CPU, and a result that differs beyond the "
             "dtype's tolerance raises `TpuCpuMismatchError`"),
+    Setting("TORCH_TPU_C_FAST_PATH", "bool", True, IMPORT,
+            "the eager hot path's C copies of Python mechanisms: the argument scan "
+            "(csrc/scan.cpp) and DeferAndFuse recording with no Python frame (csrc/kernel.cpp); "
+            "0: every op goes through the Python reference (slower; for tests that compare both)"),
     Setting("TORCH_TPU_DONATE", "bool", True, IMPORT,
             "DeferAndFuse donates to XLA the buffers a flush overwrites and nothing else "
             "holds, so results are written in place (lower peak memory)"),

@@ -35,36 +35,40 @@ def _lazy_init() -> None:
     _runtime.device()
 
 
+# This process's device index and the number of devices the job has on this host: under
+# torchrun tpu:{LOCAL_RANK} of LOCAL_WORLD_SIZE (the CUDA idiom), else tpu:0 of 1; tpu:0
+# always names this process's device too (csrc/tpu_ext.cpp, docs/DEVICES.md).
+_OWN_INDEX, _COUNT = _C.local_device()
+
+
 def device_count() -> int:
-    return 1
+    return _COUNT
 
 
 def current_device() -> int:
-    return 0
+    return _OWN_INDEX
 
 
 def _index(device) -> int:
     if isinstance(device, torch.device):
         if device.type != "tpu":
             raise ValueError(f"Expected a tpu device, but got: {device}")
-        return 0 if device.index is None else device.index
+        return _OWN_INDEX if device.index is None else device.index
     if isinstance(device, str):
         return _index(torch.device(device))
     if device is None:
-        return 0
+        return _OWN_INDEX
     return int(device)
 
 
 def set_device(device) -> None:
-    idx = _index(device)
-    if idx not in (0, -1):
-        raise RuntimeError(
-            f"Invalid device index tpu:{idx}: this process sees only tpu:0 "
-            "(torch_tpu runs one process per device; launch one per device with torchrun)")
+    """Select this process's device: tpu:{LOCAL_RANK} under torchrun (or tpu:0, another
+    name for it). Any other index raises, naming this process's device."""
+    _C.check_device_index(_index(device))
 
 
 class device:  # noqa: N801  (mirrors torch.cuda.device)
-    """Context manager that selects a tpu device (only tpu:0 exists per process)."""
+    """Context manager that selects a tpu device (each process has one; see set_device)."""
 
     def __init__(self, device):
         self.idx = _index(device)

@@ -27,9 +27,7 @@ _PLANS: dict = {}
 # ops with hand-written kernels below, never auto-registered from the table
 _CUSTOM = {"copy_", "_copy_from", "_copy_from_and_resize", "_local_scalar_dense", "_to_copy",
            "empty", "empty_strided", "resize_", "set_", "as_strided", "view", "_reshape_alias",
-           "unfold", "view_as_real", "view_as_complex",
-           "_scaled_dot_product_fused_attention_overrideable",
-           "_scaled_dot_product_fused_attention_overrideable_backward"}
+           "unfold", "view_as_real", "view_as_complex"}
 
 
 def plan_for(op) -> OpPlan:
@@ -166,40 +164,6 @@ _FILLS = {torch.ops.aten.zero_.default: lambda: 0,
           torch.ops.aten.fill_.Scalar: lambda value: value}
 
 
-# Results come out contiguous, but torch's fused-attention ops promise the layout of their
-# inputs (meta: alloc_with_matching_layout, empty_like), and CPU and CUDA keep it: after
-# SDPA on a transposed query (`x.view(B, S, H, D).transpose(1, 2)`), `out.transpose(1, 2)`
-# is contiguous and `.view(B, S, -1)` works. DTensor relies on it too: it takes a result's
-# strides from the meta kernel and views the local result accordingly.
-# {op: (result index, index of the argument whose layout it takes), ...}
-_LAYOUT_OF = {
-    torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default: ((0, 0),),
-    torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default:
-        ((0, 1), (1, 2), (2, 3)),
-}
-
-
-def _in_layout_of(t, like):
-    """t's values laid out in memory as `like` is (its dims ordered by stride)."""
-    order = sorted(range(like.dim()), key=lambda d: -like.stride(d))  # stable on ties
-    if order == list(range(like.dim())):
-        return t
-    return t.permute(order).contiguous().permute([order.index(d) for d in range(t.dim())])
-
-
-def _layout_kernel(op, pairs):
-    plan = plan_for(op)
-
-    def kernel(*args, **kwargs):
-        res = list(current.executor().execute(plan, normalize(plan, args, kwargs)))
-        for r, a in pairs:
-            res[r] = _in_layout_of(res[r], args[a])
-        return tuple(res)
-
-    kernel.__name__ = f"tpu_{plan.name}"
-    return kernel
-
-
 def _local_scalar_dense(self):
     # .item(), and bool()/int()/float() of a tensor (data-dependent Python control flow)
     return to_cpu(self, "item").item()
@@ -272,6 +236,4 @@ def register() -> None:
         _LIB.impl(name, fn, "PrivateUse1")
     for op, value_of in _FILLS.items():
         _LIB.impl(op, _fill_kernel(op, value_of), "PrivateUse1")
-    for op, pairs in _LAYOUT_OF.items():
-        _LIB.impl(op, _layout_kernel(op, pairs), "PrivateUse1")
     _FALLBACK_LIB.fallback(fallback, "PrivateUse1")

@@ -64,11 +64,24 @@ def torch_dtype(dtype) -> torch.dtype:
     return JAX_TO_TORCH[jnp.dtype(dtype)]
 
 
+# Run once, right before the first use of the device starts JAX's backend. A layer above
+# registers here instead of being imported by this one: tpu_dist joins JAX's distributed
+# runtime then under torchrun, which must happen before the backend exists.
+_BEFORE_BACKEND: list = []
+
+
+def before_backend(fn) -> None:
+    """Call `fn()` right before JAX's backend starts (register at import time)."""
+    _BEFORE_BACKEND.append(fn)
+
+
 def _select_device():
     """The one device this process drives: the first local PJRT device.
 
     One process per device, as on TPU pods; `TORCH_TPU_PLATFORM` picks a platform
     (tpu, cuda, cpu) when several are installed."""
+    for fn in _BEFORE_BACKEND:
+        fn()
     platform = _config.get("TORCH_TPU_PLATFORM")
     devices = jax.local_devices(backend=platform) if platform else jax.local_devices()
     return devices[0]
@@ -146,10 +159,6 @@ def to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
 
 def platform() -> str:
     return device().platform
-
-
-def device_kind() -> str:
-    return device().device_kind
 
 
 def jax_live_arrays():

@@ -42,10 +42,6 @@ def realized(storage) -> None:
     _C.mark_realized(storage)
 
 
-def buffer(storage, dtype):
-    return record(storage, dtype)[0]
-
-
 def zeros(n, dtype):
     """A flat buffer of `n` zeros of jax `dtype`."""
     return constant(n, dtype, 0)
@@ -92,10 +88,6 @@ def set_buffer(storage, buf, n=None, dtype=None):
     setattr(storage, ATTR, (buf, n, dtype))
     if prev is None or type(prev[0]) is Lazy:
         realized(storage)
-
-
-def has_buffer(storage) -> bool:
-    return getattr(storage, ATTR, None) is not None
 
 
 def _fit(flat, need):

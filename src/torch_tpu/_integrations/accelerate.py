@@ -32,9 +32,10 @@ still wins:
     as accelerate's generic branch does for its other devices.
 
 The wrappers are installed when `accelerate.state` is first executed (a one-shot finder on
-`sys.meta_path`), so `import torch_tpu` imports nothing of accelerate. Written against
-accelerate 1.15.0: `SIGNATURES` holds the signatures the wrappers call through; on a
-mismatch nothing is patched (with a warning) and tests/test_trainer.py fails.
+`sys.meta_path`), so `import torch_tpu` imports nothing of accelerate. They are `_patches.Patch`
+objects, like the patches of torch internals, each with the signature of what it wraps in
+accelerate 1.15.0 (`WRITTEN_AGAINST`); on a mismatch nothing is patched (with a warning), and
+tests/test_integrations.py fails.
 """
 from __future__ import annotations
 
@@ -45,26 +46,12 @@ import warnings
 
 import torch
 
+from .._patches import Patch
+
 WRITTEN_AGAINST = "1.15.0"
 DEVICE = "tpu"
 BACKEND = "tpu_dist"
 _MODULE = "accelerate.state"
-
-# str(signature without annotations) of each wrapped PartialState member, in 1.15.0.
-SIGNATURES = {
-    "default_device": "(self)",
-    "_prepare_backend": "(self, cpu=False, sagemaker_dp=False, backend=None)",
-    "set_device": "(self)",
-}
-
-
-def signature(member) -> str:
-    """A member's signature without annotations (they are strings that move between
-    releases without changing the call)."""
-    fn = member.fget if isinstance(member, property) else member
-    sig = inspect.signature(fn)
-    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
-    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
 
 
 def _tpu_is_the_accelerator() -> bool:
@@ -72,39 +59,46 @@ def _tpu_is_the_accelerator() -> bool:
     return acc is not None and acc.type == DEVICE
 
 
-def _patch(state_module) -> None:
-    cls = state_module.PartialState
-    if getattr(cls, "_tpu_patched", False):
-        return
-    changed = {n: signature(getattr(cls, n)) for n in SIGNATURES
-               if signature(getattr(cls, n)) != SIGNATURES[n]}
-    if changed:
-        warnings.warn(
-            f"torch_tpu: accelerate's PartialState changed since {WRITTEN_AGAINST} ({changed}); "
-            "accelerate is left unpatched and may not use the tpu device "
-            "(set ACCELERATE_TORCH_DEVICE=tpu for a single process)", RuntimeWarning, stacklevel=2)
-        return
-    from accelerate.utils import DistributedType
-    from accelerate.utils.environment import get_int_from_env
+class _Property(property):
+    """A property that can carry `_tpu_patch` (a plain property has no attribute dict)."""
 
-    default_device = cls.default_device.fget
-    prepare_backend = cls._prepare_backend
-    set_device = cls.set_device
 
-    def _default_device(self) -> torch.device:
-        device = default_device(self)
+class PropertyPatch(Patch):
+    """A patch of a property: the signature checked is its getter's."""
+
+    def current_signature(self):
+        owner, name = self.owner_and_name()
+        prop = inspect.getattr_static(owner, name)
+        prop = self.original if getattr(prop, "_tpu_patch", None) is self else prop
+        return str(inspect.signature(prop.fget))
+
+
+def _default_device(original):
+    def default_device(self) -> torch.device:
+        device = original.fget(self)
         if device.type == "cpu" and _tpu_is_the_accelerator():
             return torch.device(DEVICE)
         return device
+    return _Property(default_device, doc=original.__doc__)
+
+
+def _prepare_backend(original):
+    from accelerate.utils import DistributedType
+    from accelerate.utils.environment import get_int_from_env
 
     def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
-        found, distributed_type = prepare_backend(self, cpu, sagemaker_dp, backend)
+        found, distributed_type = original(self, cpu, sagemaker_dp, backend)
         if (distributed_type == DistributedType.NO and not cpu and not sagemaker_dp
                 and get_int_from_env(["LOCAL_RANK"], -1) != -1 and _tpu_is_the_accelerator()):
             return backend or BACKEND, DistributedType.MULTI_GPU
         return found, distributed_type
+    return _prepare_backend
 
-    def _set_device(self):
+
+def _set_device(original):
+    from accelerate.utils import DistributedType
+
+    def set_device(self):
         # Only where the original would look up torch.cuda with no CUDA device to find.
         if (self.device is None and self.distributed_type == DistributedType.MULTI_GPU
                 and not torch.cuda.is_available() and _tpu_is_the_accelerator()):
@@ -112,15 +106,36 @@ def _patch(state_module) -> None:
             self.device = torch.device(DEVICE, self.local_process_index % module.device_count())
             module.set_device(self.device)
             return
-        set_device(self)
+        original(self)
+    return set_device
 
-    for name, fn in (("_prepare_backend", _prepare_backend), ("set_device", _set_device)):
-        fn.__wrapped__ = getattr(cls, name)
-        fn.__name__ = fn.__qualname__ = name
-        setattr(cls, name, fn)
-    _default_device.__wrapped__ = default_device
-    cls.default_device = property(_default_device, doc=cls.default_device.__doc__)
-    cls._tpu_patched = True
+
+PATCHES = [
+    PropertyPatch(
+        f"{_MODULE}:PartialState.default_device", "(self) -> 'torch.device'", _default_device,
+        "one process: accelerate's fallback after its in-tree devices is the CPU"),
+    Patch(
+        f"{_MODULE}:PartialState._prepare_backend",
+        "(self, cpu: 'bool' = False, sagemaker_dp=False, backend: 'str | None' = None) "
+        "-> 'tuple[str, DistributedType]'", _prepare_backend,
+        "under torchrun: no in-tree backend matches, so every process would train alone"),
+    Patch(
+        f"{_MODULE}:PartialState.set_device", "(self)", _set_device,
+        "under torchrun: MULTI_GPU's device would be looked up in torch.cuda"),
+]
+
+
+def _patch() -> None:
+    changed = {p.target: p.current_signature() for p in PATCHES
+               if p.current_signature() != p.signature}
+    if changed:
+        warnings.warn(
+            f"torch_tpu: accelerate changed since {WRITTEN_AGAINST} ({changed}); it is left "
+            "unpatched and may not use the tpu device (ACCELERATE_TORCH_DEVICE=tpu sets it "
+            "for a single process)", RuntimeWarning, stacklevel=2)
+        return
+    for p in PATCHES:
+        p.apply()
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -134,7 +149,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._inner.exec_module(module)
-        _patch(module)
+        _patch()
 
     def __getattr__(self, name):  # get_source, get_resource_reader, ... stay the inner's
         return getattr(self._inner, name)
@@ -162,7 +177,7 @@ def install() -> None:
     module = sys.modules.get(_MODULE)
     if module is not None:
         if hasattr(module, "PartialState"):
-            _patch(module)
+            _patch()
         return
     if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport())

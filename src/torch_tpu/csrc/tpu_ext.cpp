@@ -37,6 +37,48 @@ namespace torch_tpu {
 
 constexpr c10::DeviceType kTPU = c10::DeviceType::PrivateUse1;
 
+// ---------------------------------------------------------------- this process's device
+// One process drives one device. Under torchrun it is tpu:{LOCAL_RANK} of LOCAL_WORLD_SIZE,
+// as CUDA scripts expect (`set_device(local_rank)`, `device_ids=[local_rank]`, device-count
+// guards); tpu:0 is another name for it, so code that puts everything on tpu:0 in every
+// process (the TorchTPU idiom) runs too, and tensors made through either name share one
+// device and combine. Every tpu tensor reports the process's own index. Read once when the
+// module loads, before any storage exists (docs/DEVICES.md has the why).
+c10::DeviceIndex g_index = 0;
+c10::DeviceIndex g_count = 1;
+
+void init_local_device() {
+  const char* rank = std::getenv("LOCAL_RANK");
+  const char* size = std::getenv("LOCAL_WORLD_SIZE");
+  if (rank == nullptr || size == nullptr) return;
+  const long r = std::strtol(rank, nullptr, 10), n = std::strtol(size, nullptr, 10);
+  if (n < 1 || r < 0 || r >= n || n > 1024) return;
+  g_index = static_cast<c10::DeviceIndex>(r);
+  g_count = static_cast<c10::DeviceIndex>(n);
+}
+
+c10::Device own_device() { return c10::Device(kTPU, g_index); }
+
+// Whether a device index names this process's device; the message says what it does name.
+bool own_index(c10::DeviceIndex d) { return d == -1 || d == 0 || d == g_index; }
+
+std::string index_error(c10::DeviceIndex d) {
+  std::string own = "tpu:" + std::to_string(int(g_index));
+  std::string msg = "Invalid device tpu:" + std::to_string(int(d)) + ": this process drives " + own;
+  if (g_count > 1) {
+    msg += " (local rank " + std::to_string(int(g_index)) + " of " + std::to_string(int(g_count)) +
+           " under torchrun; tpu:0 names it too). ";
+    msg += d < g_count ? "tpu:" + std::to_string(int(d)) + " belongs to local rank " + std::to_string(int(d)) +
+                             ", another process: each process reaches only its own device"
+                       : "No process of this job has tpu:" + std::to_string(int(d));
+  } else {
+    msg += " (one process per device: launch one process per device with torchrun, each sees its own)";
+  }
+  return msg;
+}
+
+void check_index(c10::DeviceIndex d) { TORCH_CHECK(own_index(d), index_error(d)); }
+
 // ---------------------------------------------------------------- device allocator
 // Bytes are counted when a storage's XLA buffer first exists (Python calls
 // mark_realized), not when torch allocates the storage: DeferAndFuse creates storages for
@@ -78,7 +120,7 @@ struct TpuAllocator final : c10::Allocator {
     const bool realized = !g_lazy_alloc.load(std::memory_order_relaxed);
     auto* info = new AllocInfo{nbytes, realized};
     if (realized) count_up(static_cast<int64_t>(nbytes));
-    return {addr, info, &tpu_delete, c10::Device(kTPU, 0)};
+    return {addr, info, &tpu_delete, own_device()};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void*, const void*, std::size_t) const override {
@@ -135,7 +177,7 @@ PinnedAllocator g_pinned_allocator;
 // ---------------------------------------------------------------- generator
 struct TpuGeneratorImpl : public c10::GeneratorImpl {
   explicit TpuGeneratorImpl(uint64_t seed = c10::default_rng_seed_val)
-      : c10::GeneratorImpl(c10::Device(kTPU, 0), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+      : c10::GeneratorImpl(own_device(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
         seed_(seed) {}
   void set_current_seed(uint64_t seed) override {
     seed_ = seed;
@@ -213,20 +255,21 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   at::Generator getNewGenerator(c10::DeviceIndex) const override {
     return at::make_generator<TpuGeneratorImpl>(c10::default_rng_seed_val);
   }
-  at::Device getDeviceFromPtr(void*) const override { return at::Device(kTPU, 0); }
+  at::Device getDeviceFromPtr(void*) const override { return own_device(); }
   bool isPinnedPtr(const void* data) const override {
     std::lock_guard<std::mutex> lock(g_pinned_mu);
     return g_pinned.count(const_cast<void*>(data)) > 0;
   }
   c10::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
-  c10::DeviceIndex deviceCount() const override { return 1; }
-  c10::DeviceIndex getCurrentDevice() const override { return 0; }
-  void setCurrentDevice(c10::DeviceIndex d) const override {
-    TORCH_CHECK(d == 0 || d == -1, "Invalid device index tpu:", int(d), "; this process sees only tpu:0");
+  c10::DeviceIndex deviceCount() const override { return g_count; }
+  c10::DeviceIndex getCurrentDevice() const override { return g_index; }
+  void setCurrentDevice(c10::DeviceIndex d) const override { check_index(d); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    check_index(d);
+    return g_index;
   }
-  c10::DeviceIndex exchangeDevice(c10::DeviceIndex) const override { return 0; }
-  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override { return 0; }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override { return g_index; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     resize_bytes(storage, newsize);
   }
@@ -242,19 +285,19 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kTPU; }
   c10::Device exchangeDevice(c10::Device d) const override {
     check(d);
-    return c10::Device(kTPU, 0);
+    return own_device();
   }
-  c10::Device getDevice() const override { return c10::Device(kTPU, 0); }
+  c10::Device getDevice() const override { return own_device(); }
   void setDevice(c10::Device d) const override { check(d); }
   void uncheckedSetDevice(c10::Device) const noexcept override {}
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kTPU, 0));
+    return c10::Stream(c10::Stream::DEFAULT, own_device());
   }
   c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
   c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getStream(d); }
   c10::Stream exchangeStream(c10::Stream s) const override { return s; }
-  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  c10::DeviceIndex deviceCount() const noexcept override { return g_count; }
   // Events: XLA orders work per device, so a recorded event is complete once its
   // device is synchronized; record/block need no bookkeeping.
   void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
@@ -268,8 +311,7 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
 
  private:
   static void check(c10::Device d) {
-    TORCH_CHECK(!d.has_index() || d.index() == 0, "Invalid device ", d,
-                ": this process sees only tpu:0 (one process per device)");
+    if (d.has_index()) check_index(d.index());
   }
 };
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
@@ -277,8 +319,7 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
 // ---------------------------------------------------------------- kernels
 static void check_device(std::optional<at::Device> device) {
   if (device.has_value()) {
-    TORCH_CHECK(!device->has_index() || device->index() == 0, "Invalid device ", *device,
-                ": this process sees only tpu:0 (one process per device)");
+    if (device->has_index()) check_index(device->index());
   }
 }
 
@@ -389,6 +430,9 @@ void add_kernel_functions(PyObject* module);  // kernel.cpp: OpKernel, LoopDetec
 
 // ---------------------------------------------------------------- python surface
 PYBIND11_MODULE(_C, m) {
+  torch_tpu::init_local_device();
+  m.def("local_device", []() { return std::make_pair(int(torch_tpu::g_index), int(torch_tpu::g_count)); });
+  m.def("check_device_index", [](int d) { torch_tpu::check_index(static_cast<c10::DeviceIndex>(d)); });
   torch_tpu::add_scan_functions(m.ptr());
   torch_tpu::add_graph_functions(m.ptr());
   torch_tpu::add_kernel_functions(m.ptr());

@@ -32,6 +32,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
+from .. import _runtime
 from . import _bootstrap
 from .collectives import CollectiveMismatch
 from .process_group import ProcessGroupTPU
@@ -84,6 +85,7 @@ def register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         # `devices` must be a list: a string would be read character by character.
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["tpu"])
+    _runtime.before_backend(_bootstrap.before_backend)  # torchrun: join JAX's runtime early
     from . import _dtensor, _functional, _streams
 
     _functional.register()

@@ -31,8 +31,7 @@ import time
 
 from .. import _config
 
-_state = {"rank": None, "world": None, "coordinator": None, "timeout_s": None,
-          "host": None, "crashed": False, "hooks": False}
+_state = {"rank": None, "world": None, "host": None, "crashed": False, "hooks": False}
 _lock = threading.RLock()
 _KEY = "tpu_dist/jax_coordinator"
 _crash_hooks: list = []  # called with the uncaught exception before a crashed process exits
@@ -50,17 +49,9 @@ def rank() -> int:
     return _state["rank"]
 
 
-def world_size() -> int:
-    return _state["world"]
-
-
 def host() -> str:
     """The address this process's peers reach it at (its gloo connections listen there)."""
     return _state["host"] or "127.0.0.1"
-
-
-def timeout_s() -> float:
-    return _state["timeout_s"] or 1800.0
 
 
 def backend_started() -> bool:
@@ -156,14 +147,10 @@ def initialize(store, rank_: int, world: int, timeout: float) -> None:
                     "re-initialize with the same rank and world size, or start new processes.")
             return
         if world == 1:
-            _state.update(rank=0, world=1, timeout_s=timeout)
+            _state.update(rank=0, world=1)
             return
         if backend_started():
-            raise DistInitError(
-                "tpu_dist: the tpu device (JAX's backend) was already in use in this process "
-                "before init_process_group. JAX's distributed runtime must start before its "
-                "backend: call dist.init_process_group('tpu_dist') before creating tpu tensors "
-                "or moving a model to tpu (under torchrun this order is handled for you).")
+            raise DistInitError(_started_too_early())
         addr = _publish_or_read(store, rank_, timeout)
         _start(addr, rank_, world, timeout)
 
@@ -192,17 +179,39 @@ def _start(addr: str, rank_: int, world: int, timeout: float) -> None:
         heartbeat_timeout_seconds=heartbeat,
         shutdown_timeout_seconds=max(int(timeout), 1),
         coordinator_bind_address=f"{host}:{port}" if loopback else None)
-    _state.update(rank=rank_, world=world, coordinator=addr, timeout_s=timeout, host=own)
+    _state.update(rank=rank_, world=world, host=own)
     _install_exit_hooks()
+
+
+def _started_too_early() -> str:
+    """Why the device could not join the runtime, for the way this process was launched."""
+    msg = ("tpu_dist: the tpu device (JAX's backend) was already in use in this process before "
+           "init_process_group, and JAX's distributed runtime must start before its backend. ")
+    env = os.environ
+    fix = ("Call dist.init_process_group('tpu_dist') before creating tpu tensors or moving a "
+           "model to tpu.")
+    if not env.get("TORCHELASTIC_RUN_ID"):
+        return msg + ("This process was not started by torchrun (mp.spawn or a launcher of "
+                      "its own), so nothing joined the runtime earlier. " + fix +
+                      " Under torchrun the device's first use joins it by itself.")
+    if not _config.get("TORCH_TPU_DIST_EARLY_INIT"):
+        return msg + ("Under torchrun the device's first use joins the runtime, but "
+                      "TORCH_TPU_DIST_EARLY_INIT=0 turns that off here. " + fix)
+    return msg + ("Under torchrun the device's first use joins the runtime only with torchrun's "
+                  "agent store (TORCHELASTIC_USE_AGENT_STORE=True, MASTER_ADDR/MASTER_PORT, "
+                  "WORLD_SIZE > 1), which this launch lacks. " + fix)
 
 
 # ---------------------------------------------------------------- early start (torchrun)
 def before_backend() -> None:
-    """Called by `_runtime` right before JAX's backend starts. Under torchrun (its agent
-    hosts the rendezvous store) join the runtime now, so a script that touches the tpu
-    device before init_process_group still gets a distributed backend. Elsewhere (mp.spawn,
-    a single process) do nothing: init_process_group does it."""
+    """Called by `_runtime` right before JAX's backend starts (registered by
+    `distributed.register()`). Under torchrun (its agent hosts the rendezvous store) join
+    the runtime now, so a script that touches the tpu device before init_process_group
+    still gets a distributed backend. Elsewhere (mp.spawn, a single process) do nothing:
+    init_process_group does it."""
     if is_initialized() or not _config.get("TORCH_TPU_DIST_EARLY_INIT"):
+        return
+    if backend_started():  # started without `_runtime`: init_process_group says why it fails
         return
     env = os.environ
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":

@@ -13,6 +13,15 @@ batch. The overrideable op also takes a mask and grouped-query heads, so:
 - with fewer key/value heads than query heads, heads are sharded only where the kv heads
   split evenly, so each rank's query heads find their own kv head.
 
+DTensor also assumes a local result is laid out in memory as torch's meta kernel lays out
+the global one: it takes the DTensor's strides from the meta kernel and later views the
+local tensor by them (`reshape` that the strides allow becomes `view`). tpu results are
+contiguous, while torch's elementwise and attention kernels keep their input's layout: in
+HF Llama, `q.view(B, S, H, D).transpose(1, 2)` then rotary embedding, SDPA and
+`.transpose(1, 2).reshape(B, S, -1)` failed on the local tensor ("view size is not
+compatible"). So DTensor's `wrap` first lays each tpu result out as the meta kernel says
+(_patches.DTENSOR_WRAP: one copy, only where the orders differ).
+
 Registration is lazy: `import torch` loads this package, and importing
 torch.distributed.tensor costs about 2 s, so the strategies go in when the user's code
 first imports it (a one-shot import hook), or at once if it already has.
@@ -31,6 +40,8 @@ import sys
 import warnings
 
 import torch
+
+from .. import _patches
 
 aten = torch.ops.aten
 _PACKAGE = "torch.distributed.tensor"
@@ -179,9 +190,9 @@ def _backward_strategy(op_schema):
 
 
 def register() -> bool:
-    """Register the strategies with DTensor now (idempotent). False when the installed
-    torch's internals differ from what this module was written for (a warning says
-    what), or torch already registers its own."""
+    """Register the strategies and the layout step with DTensor now (idempotent). False
+    when the installed torch's internals differ from what this module was written for (a
+    warning says what)."""
     if _state["registered"]:
         return True
     problems = check_internals()
@@ -197,6 +208,7 @@ def register() -> bool:
         if propagator.op_strategy_funcs.get(op, fn) is not fn:
             continue  # a later torch knows this op itself: its strategy wins
         propagator.register_op_strategy(op, fn, None)
+    _patches.apply_with_dtensor()
     _state["registered"] = True
     return True
 

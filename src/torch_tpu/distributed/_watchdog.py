@@ -97,11 +97,6 @@ def _shutdown() -> None:
         t.join(timeout=2 * _POLL_S + 1.0)
 
 
-def pending() -> int:
-    with _lock:
-        return sum(len(c) for c in _chains.values())
-
-
 def _verdict(entry) -> str | None:
     """None if the finished program is fine, else what went wrong ("" when it was refused
     only because an earlier call on its group had failed)."""

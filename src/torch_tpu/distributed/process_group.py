@@ -64,6 +64,17 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def getBackendName(self):  # noqa: N802  (c10d's names)
         return "tpu_dist"
 
+    # c10d asks a group for its backend per device (init_process_group(device_id=...) asks
+    # whether that backend can split, for eager initialization). This group is its own
+    # backend, already connected when it is made (JAX's runtime starts in the creator);
+    # it cannot split communicators, coalesce or estimate times.
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def _get_backend(self, device):  # noqa: D401
+        return self
+
     def getGroupName(self):  # noqa: N802
         return self._group_name
 

@@ -22,10 +22,6 @@ cpu_mismatches, cpu_check_skipped).
 """
 from __future__ import annotations
 
-import linecache
-import os
-import sys
-import threading
 import warnings
 
 import jax
@@ -33,6 +29,7 @@ import jax.numpy as jnp
 import torch
 
 from .. import _config, _runtime, _storage, _tolerances, _transfer, _tree, metrics
+from .._frames import user_location
 from .strict import StrictExecutor
 
 
@@ -50,52 +47,6 @@ class TpuNonFiniteError(TpuDebugError):
 
 class TpuCpuMismatchError(TpuDebugError):
     """An op's result differs from the same op run on CPU beyond tolerance."""
-
-
-# ---------------------------------------------------------------- the user's line
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SKIP = (os.path.dirname(torch.__file__) + os.sep, _PACKAGE + os.sep)
-
-
-def _outside(frame):
-    """-> (the first frame outside torch and torch_tpu, whether a backward call was
-    passed on the way there)."""
-    in_backward = False
-    while frame is not None:
-        fn = frame.f_code.co_filename
-        if not fn.startswith(_SKIP) and not fn.startswith("<frozen"):
-            return frame, in_backward
-        in_backward = in_backward or frame.f_code.co_name == "_engine_run_backward"
-        frame = frame.f_back
-    return None, in_backward
-
-
-def _describe_frame(frame) -> str:
-    fn, line = frame.f_code.co_filename, frame.f_lineno
-    text = linecache.getline(fn, line).strip()
-    return f"{fn}:{line} in {frame.f_code.co_name}" + (f"\n    {text}" if text else "")
-
-
-def user_location() -> str:
-    """Where user code called the op running now: the first frame outside torch and
-    torch_tpu. An op of a backward pass names the line that called backward(). Backward
-    runs on the calling thread (_device._backward_on_calling_thread); on an autograd
-    worker thread, which has no user frame, that line is found on the waiting thread."""
-    frame, in_backward = _outside(sys._getframe(1))
-    if frame is not None:
-        return ("backward() called at " if in_backward else "") + _describe_frame(frame)
-    me = threading.get_ident()
-    for tid, top in sys._current_frames().items():
-        if tid == me:
-            continue
-        f = top
-        while f is not None and f.f_code.co_name != "_engine_run_backward":
-            f = f.f_back
-        if f is not None:
-            frame, _ = _outside(f)
-            if frame is not None:
-                return "backward() called at " + _describe_frame(frame)
-    return "<no user frame: called from torch internals>"
 
 
 # ---------------------------------------------------------------- host values

@@ -27,16 +27,15 @@ import weakref
 
 import jax.numpy as jnp
 
-from .. import _C, _runtime, _storage, metrics
+from .. import _C, _frames, _runtime, _storage, metrics
 from . import fuse
 from .graph import Lazy, Node
 from .opcall import Entry, device_scalar, run_eager, scan_fast
 from .strict import new_tensor
 
 _ATTR = _storage.ATTR
-# (file, line) of the first caller outside torch and torch_tpu. Only the location is kept:
-# holding the frame would keep the caller's locals (activations) alive until the flush.
-_user_line = _C.user_line
+# (file, line) of the first caller outside torch and torch_tpu (_frames.py), kept per node
+_user_line = _frames.user_line
 # appends the op's Node to the pending nodes and returns the op's result: new tensors whose
 # storages hold the node's Lazy outputs; the storages it mutates get Lazy records too
 _record = _C.record

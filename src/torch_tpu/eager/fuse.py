@@ -21,7 +21,7 @@ import time
 
 import jax
 
-from .. import _C, _config, metrics
+from .. import _C, _config, _frames, metrics
 
 _CACHE: dict = {}
 _LAST_BY_OPS: dict = {}   # op sequence -> last key compiled for it (recompile reasons)
@@ -29,7 +29,11 @@ recompile_reasons = metrics.recompile_reasons
 _DONATE = _config.get("TORCH_TPU_DONATE")
 
 
-_OUT_BITS = 20  # csrc/graph.cpp: a node output is (node << 20 | output)
+# The graph key's layout (csrc/graph.cpp flush_plan; tests/test_c_contracts.py checks these
+# against _C.CONTRACTS["key_layout"]): int64 words; a node output is (node << _OUT_BITS |
+# output); the node records (entry id, n_inputs, inputs...), then counted sections.
+_OUT_BITS = 20
+_KEY_SECTIONS = ("nodes", "outputs", "dyn_slots", "dyn_types", "donated")
 
 
 def _decode(key):
@@ -45,7 +49,7 @@ def _decode(key):
         wiring.append(tuple(x if x >= 0 else divmod(~x, 1 << _OUT_BITS) for x in ins))
         pos += 2 + nb
     parts = []
-    for _ in range(4):
+    for _ in _KEY_SECTIONS[1:]:
         n = a[pos]
         parts.append(tuple(a[pos + 1:pos + 1 + n]))
         pos += 1 + n
@@ -110,10 +114,6 @@ class _NodeError(Exception):
         self.error = error
 
 
-def _user_line(where):
-    return f"{where[0]}:{where[1]}"
-
-
 def flush(nodes) -> None:
     # wire, choose outputs and donations, key the graph: in C, one pass over the nodes;
     # from here on only `ext` holds the inputs
@@ -138,7 +138,7 @@ def flush(nodes) -> None:
     except _NodeError as e:
         node = nodes[e.index]
         raise RuntimeError(
-            f"{node.entry.key[0]} (recorded at {_user_line(node.frame)}) failed while "
+            f"{node.entry.key[0]} (recorded at {_frames.location(*node.frame)}) failed while "
             f"flushing a DeferAndFuse graph: {e.error}") from e.error
     _C.replace_buffers(storages, None, results)
     _C.release(nodes)  # break the node <-> Lazy cycles: refcounting frees them now

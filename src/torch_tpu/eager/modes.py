@@ -15,6 +15,7 @@ from .. import _C, _config, metrics
 from . import current
 from .debug import DebugExecutor
 from .defer import DeferExecutor
+from .opcall import C_FAST_PATH
 from .strict import StrictExecutor
 
 
@@ -28,7 +29,10 @@ class EagerMode(enum.Enum):
 
 def _make_executors():
     defer = DeferExecutor()
-    _C.kernel_setup(executor, defer, metrics.counters, "dispatches.defer_and_fuse")
+    # the op kernels record DeferAndFuse's cached ops in C, unless TORCH_TPU_C_FAST_PATH=0
+    # sends every op to the executor's Python execute (the reference)
+    _C.kernel_setup(executor, defer if C_FAST_PATH else None, metrics.counters,
+                    "dispatches.defer_and_fuse")
     return {EagerMode.STRICT: StrictExecutor(), EagerMode.DEBUG: DebugExecutor(),
             EagerMode.DEFER_AND_FUSE: defer}
 

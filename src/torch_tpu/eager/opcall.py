@@ -13,11 +13,12 @@ traced arguments, so a changing learning rate does not recompile.
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import jax
 import torch
 
-from .. import _C, _runtime, _storage, _tree, metrics
+from .. import _C, _config, _runtime, _storage, _tree, metrics
 from .._rng import default_generator
 from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST,
                                STATIC, STATIC_NUMBER, TENSOR_LIST, OpSchema)
@@ -48,14 +49,37 @@ def _hashable(v):
     return v
 
 
-scan_fast = _C.scan  # (plan, vals) -> OpPlan.scan's result, or None: see OpPlan.scan
+def _python_scan(plan, vals):
+    return None
+
+
+# TORCH_TPU_C_FAST_PATH=0: no C copy of a Python mechanism runs, only the reference (this
+# scan, and the executors' execute for every op: modes.py keeps the op kernels from
+# recording in C), so tests can run both and compare
+C_FAST_PATH = _config.get("TORCH_TPU_C_FAST_PATH")
+# (plan, vals) -> OpPlan.scan's result, or None: see OpPlan.scan
+scan_fast = _C.scan if C_FAST_PATH else _python_scan
 # (plan, args, kwargs) -> vals: the argument values in schema order, defaults filled in
 normalize = _C.normalize
 _C.scan_setup(_storage.ATTR, _SCALARS, device_scalar)
 
 
+class CSpec(NamedTuple):
+    """What csrc/scan.cpp and csrc/kernel.cpp read of a plan, by position (the field order
+    is _C.CONTRACTS["cspec"])."""
+    kinds: tuple        # lowering/schema.py's argument kinds
+    mutated: tuple      # indices of the arguments the op writes
+    python_only: bool   # only OpPlan.scan handles it (seeded ops, factories)
+    npos: int           # how many arguments are positional
+    names: tuple        # every argument's name
+    defaults: tuple     # every argument's default (None where it has none)
+
+
 class DeviceMismatchError(RuntimeError):
     pass
+
+
+_OWN_DEVICE = "tpu:%d" % _C.local_device()[0]  # this process's device (docs/DEVICES.md)
 
 
 class Entry:
@@ -87,10 +111,8 @@ class OpPlan(OpSchema):
         self.cache = {}
         # like CUDA, advanced indexing of a device tensor takes index tensors on the host
         self.host_indices = op._schema.name in _HOST_INDEX_OPS
-        # what csrc/scan.cpp reads: (kinds, written argument indices, Python scan only?, npos,
-        # names, defaults)
-        self.cspec = (self.kinds, self.mutable, self.seeded or self.factory,
-                      self.npos, self.names, self.defaults)
+        self.cspec = CSpec(self.kinds, self.mutable, self.seeded or self.factory,
+                           self.npos, self.names, self.defaults)
 
     def __repr__(self):
         # keys start with the plan (hashed by identity: OpOverload's hash is Python code),
@@ -196,9 +218,13 @@ class OpPlan(OpSchema):
             else:
                 raise DeviceMismatchError(
                     f"Expected all tensors to be on the same device, but found at least two "
-                    f"devices, tpu:0 and {t.device}! (when checking argument for {self.name})")
-        # zeros (DeferAndFuse records them rather than allocating now)
-        return t, current.executor().constant(t.untyped_storage(), t.dtype)
+                    f"devices, {_OWN_DEVICE} and {t.device}! (when checking argument for "
+                    f"{self.name})")
+        st = t.untyped_storage()
+        rec = getattr(st, _storage.ATTR, None)  # set when t was just uploaded
+        if rec is None:  # a fresh storage: zeros (DeferAndFuse records them, allocating nothing)
+            rec = current.executor().constant(st, t.dtype)
+        return t, rec
 
     # ------------------------------------------------------------ per new key
     def compile(self, key, vals):

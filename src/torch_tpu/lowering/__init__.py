@@ -1,8 +1,8 @@
 """aten op -> JAX lowerings. Importing this package fills the one table.
 
-Every family is listed here: none imports another to register it (foreach imports the
-pointwise and special lowerings it maps over), and the dtype rules they share live in
-_dtypes.py."""
+Every family is listed here: none imports another to register it (foreach and optim import
+the elementwise lowerings they build on, which they read at import time), and the dtype
+rules they share live in _dtypes.py."""
 from . import registry  # noqa: F401
 from . import (  # noqa: F401
     activation, attention, conv, creation, fft, foreach, indexing, linalg, loss, nn, optim,

@@ -28,7 +28,7 @@ from jax._src.lax import lax as _lax_internal
 
 from . import pointwise  # noqa: F401  (registers the element ops used below)
 from ._dtypes import to_opmath
-from .registry import LOWERINGS, aten, lowering
+from .registry import LOWERINGS, aten, lowering, traced_floats
 
 def _stored(x):
     """`x` rounded as a foreach op's result is when it is stored. Inside one program XLA
@@ -168,6 +168,6 @@ def _functional(packet):
     return [getattr(packet, name) for name in packet.overloads() if not name.endswith("out")]
 
 
-lowering(*_functional(aten._fused_adam))(_adam(decoupled=False))
-lowering(*_functional(aten._fused_adamw))(_adam(decoupled=True))
-lowering(*_functional(aten._fused_sgd))(_sgd)
+lowering(*_functional(aten._fused_adam))(traced_floats(_adam(decoupled=False)))
+lowering(*_functional(aten._fused_adamw))(traced_floats(_adam(decoupled=True)))
+lowering(*_functional(aten._fused_sgd))(traced_floats(_sgd))

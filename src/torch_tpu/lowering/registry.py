@@ -59,6 +59,14 @@ def draws(fn):
     return fn
 
 
+def traced_floats(fn):
+    """Mark a lowering whose `float` arguments are traced scalars rather than constants of
+    the program: the fused optimizers' hyperparameters, which a learning-rate schedule
+    changes every step (as constants, every new value would compile a new program)."""
+    fn.traced_floats = True
+    return fn
+
+
 def seeded(op, fn) -> bool:
     """Whether a lowering takes `generator=` (a JAX key) for this op."""
     if getattr(fn, "draws", False):

@@ -2,9 +2,9 @@
 eager op plans (eager/opcall.py `OpPlan`) and the compile backend (compile/lower.py
 `OpInfo`) know about an overload before they see a call.
 
-Argument kinds are numbered; csrc/scan.cpp and csrc/kernel.cpp switch on the same numbers
-(exported as `_C.KINDS` and checked against `KINDS` here by tests/test_c_contracts.py).
-The order matters: `kind <= OPT_TENSOR` means "one tensor argument" and
+Argument kinds are numbered; csrc/scan.cpp switches on the same numbers (csrc/contracts.h,
+exported as `_C.CONTRACTS["kinds"]` and checked against `KINDS` here by
+tests/test_c_contracts.py). The order matters: `kind <= OPT_TENSOR` means "one tensor argument" and
 `kind <= OPT_TENSOR_LIST` (after the scalar kinds are ruled out) "a tensor list".
 """
 from __future__ import annotations
@@ -67,6 +67,8 @@ class OpSchema:
             # key the cache by value (with their type: arange(8) and arange(8.0) differ,
             # yet 8 == 8.0)
             kinds = [STATIC_NUMBER if k == SCALAR else k for k in kinds]
+        if getattr(fn, "traced_floats", False):
+            kinds = [SCALAR if str(a.type) == "float" else k for a, k in zip(args, kinds)]
         self.kinds = tuple(kinds)
         self.names = tuple(a.name for a in args)
         self.npos = sum(1 for a in args if not a.kwarg_only)

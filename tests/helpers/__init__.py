@@ -1,0 +1,1 @@
+"""Shared code of the tests that is not itself a test (no test_ prefix: pytest collects none)."""

@@ -1,0 +1,109 @@
+"""Launching multi-process tpu_dist jobs on 127.0.0.1 for the tests: `launch()` runs a
+script as every rank of one job (env:// rendezvous, as torchrun sets it up) and collects
+each rank's exit code, output and the results its worker wrote with `report()`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
+SRC = os.path.join(os.path.dirname(HERE), "src")
+# TORCH_TPU_DIST_TESTS=full: every dtype, model and process count; by default a subset
+# that still exercises each mechanism.
+FULL = os.environ.get("TORCH_TPU_DIST_TESTS", "") == "full"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    def __init__(self, codes, outputs, results, seconds):
+        self.codes, self.outputs, self.results, self.seconds = codes, outputs, results, seconds
+
+    def log(self, rank=None) -> str:
+        ranks = range(len(self.outputs)) if rank is None else [rank]
+        return "\n".join(f"----- rank {r} (exit {self.codes[r]})\n{self.outputs[r][-6000:]}"
+                         for r in ranks)
+
+
+def launch(script: str, scenario: str, nproc: int, timeout: float = 240,
+           env: dict | None = None, args=(), kill_when=None, worker_flag: bool = True) -> Job:
+    """Run `script --worker scenario ARGS` (or `script ARGS`) as ranks 0..nproc-1 of one job
+    (env:// rendezvous on 127.0.0.1, as torchrun sets it up), wait at most `timeout` s,
+    and collect each rank's exit code, output and results (the JSON a worker writes with
+    `report()`). `kill_when=(rank, predicate)` SIGKILLs that rank once `predicate()` is
+    true; `Job.killed_at` is then the time of the kill."""
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="tpu_dist_test_")
+    procs, logs = [], []
+    t0 = time.monotonic()
+    for rank in range(nproc):
+        e = dict(os.environ)
+        e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                 LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 TPU_DIST_TEST_OUT=tmp, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
+                 TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
+                 PYTHONPATH=SRC + os.pathsep + e.get("PYTHONPATH", ""))
+        e.update(env or {})
+        log = open(os.path.join(tmp, f"log{rank}.txt"), "w+")
+        cmd = [sys.executable, script] + (["--worker", scenario] if worker_flag else []) + list(args)
+        procs.append(subprocess.Popen(cmd,
+                                      env=e, stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+        logs.append(log)
+    deadline = t0 + timeout
+    killed_at = None
+    exited = [None] * nproc
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        for i, p in enumerate(procs):
+            if exited[i] is None and p.poll() is not None:
+                exited[i] = now
+        if kill_when and killed_at is None and kill_when[1]():
+            _kill(procs[kill_when[0]])
+            killed_at = time.monotonic()
+        time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            _kill(p)
+    codes = [p.wait() for p in procs]
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    results = []
+    for rank in range(nproc):
+        path = os.path.join(tmp, f"result{rank}.json")
+        results.append(json.load(open(path)) if os.path.exists(path) else None)
+    job = Job(codes, outputs, results, time.monotonic() - t0)
+    now = time.monotonic()
+    job.exited_at = [e if e is not None else now for e in exited]
+    job.started_at = t0
+    job.killed_at = killed_at
+    job.tmp = tmp
+    return job
+
+
+def _kill(p) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)  # its own session: the worker and nothing else
+    except ProcessLookupError:
+        pass
+
+
+def report(results: dict) -> None:
+    """Worker side: write this rank's results for the launcher."""
+    rank = int(os.environ["RANK"])
+    with open(os.path.join(os.environ["TPU_DIST_TEST_OUT"], f"result{rank}.json"), "w") as f:
+        json.dump(results, f)
