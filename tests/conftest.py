@@ -32,9 +32,9 @@ def eager(request):
     """Runs the test in each eager mode on this thread: `strict`, and `defer`
     (DeferAndFuse: the ops are recorded, in C, and run at the test's sync points such as
     `.cpu()` and `.item()`, or when the block ends). Tests that sweep dtypes parametrize it
-    themselves (tests/mode_matrix.py), with one dtype per op in `defer`. A passing `defer`
-    run must have recorded ops, run none in Strict and flushed, or the matrix would
-    silently run Strict twice."""
+    themselves (tests/helpers/mode_matrix.py), with one dtype per op in `defer`. A passing
+    `defer` run must have recorded ops, run none in Strict and flushed, or the matrix
+    would silently run Strict twice."""
     from torch_tpu import metrics
 
     before = metrics.counters.copy()
@@ -52,6 +52,9 @@ def eager(request):
 # registers both; `bash scripts/test.sh --fast` leaves them out): file -> mark -> test
 # function names (every parametrized case of each).
 SUITE_MARKS = {
+    "test_config.py": {"slow": {"test_import_time_settings_in_a_fresh_process"}},
+    "test_integrations.py": {"slow": {"test_patched_only_when_accelerate_is_imported"}},
+    "test_patches.py": {"slow": {"test_print_and_save_of_tpu_tensors"}},
     "test_trainer.py": {"distributed": {"test_trainer_ddp_torchrun_matches_cpu_gloo"}},
 }
 

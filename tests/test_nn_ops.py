@@ -6,7 +6,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from mode_matrix import parametrize
+
+from helpers.mode_matrix import parametrize
 
 aten = torch.ops.aten
 

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from mode_matrix import parametrize
+
+from helpers.mode_matrix import parametrize
 
 F32, BF16, I64, F64 = torch.float32, torch.bfloat16, torch.int64, torch.float64
 FLOATS = (F32, BF16)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from mode_matrix import parametrize
+
+from helpers.mode_matrix import parametrize
 
 from torch_tpu.lowering import registry
 

@@ -150,9 +150,9 @@ def test_trainer_matches_cpu(optim):
 
 @pytest.mark.distributed
 def test_trainer_ddp_torchrun_matches_cpu_gloo():
-    got = run(cpu=False, optim="adamw_torch", nproc=2)
-    want = run(cpu=True, optim="adamw_torch", nproc=2)
-    check_against_cpu(got, want, fused=False)
+    got = run(cpu=False, nproc=2)  # the default optimizer, fused AdamW
+    want = run(cpu=True, nproc=2)
+    check_against_cpu(got, want, fused=True)
 
 
 if __name__ == "__main__":

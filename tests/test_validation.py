@@ -79,6 +79,7 @@ def _model_params():
     return params
 
 
+@pytest.mark.slow  # the model-zoo subset: a model per case
 @pytest.mark.parametrize("model_type, task, arch", _model_params())
 def test_model_matches_cpu(model_type, task, arch):
     from torch_tpu.validation import models
@@ -149,6 +150,7 @@ def test_expected_failures_file_is_generated_op_dtype_reason():
         assert all(isinstance(r, str) and r for r in by_dtype.values()), op
 
 
+@pytest.mark.slow
 def test_cli_validate_ops_runs_in_a_child_and_reports():
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     r = subprocess.run([sys.executable, "-m", "torch_tpu", "validate", "ops", "--ops", "abs",

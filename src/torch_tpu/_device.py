@@ -11,7 +11,7 @@ import torch
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import _C  # noqa: E402  (the C++ piece: allocator, generator, guard, hooks)
-from . import _patches, _runtime  # noqa: E402
+from . import _amp, _backends, _patches, _runtime, _streams  # noqa: E402
 from ._rng import default_generator  # noqa: E402
 from .eager import current  # noqa: E402
 
@@ -219,6 +219,10 @@ def _make_module() -> types.ModuleType:
 
 def register() -> types.ModuleType:
     mod = _make_module()
+    # the rest of torch.cuda's names a script reaches, and torch.backends.tpu / tpudnn
+    _streams.install(mod)
+    _amp.install(mod)
+    _backends.install()
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     torch._register_device_module("tpu", mod)
     sys.modules["torch.tpu"] = mod

@@ -166,6 +166,22 @@ def _gather_index(shape, stride, offset):
     return idx
 
 
+def dense_order(shape, stride):
+    """For a non-overlapping, dense layout: the dims from outermost to innermost (a
+    permutation); None for anything else (overlapping, gaps, symbolic sizes). Eager ops
+    and compiled graphs lay a result's flat buffer out in this order, so that its strides
+    are the ones torch's meta kernel gave (an elementwise op keeps its input's layout)."""
+    if not all(type(s) is int for s in (*shape, *stride)):
+        return None
+    order = sorted(range(len(shape)), key=lambda d: (-stride[d], -shape[d]))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
 def _is_contiguous(shape, stride):
     expected = 1
     for n, s in zip(reversed(shape), reversed(stride)):

@@ -47,20 +47,6 @@ def input_kind(v) -> int:
     return IN_OTHER
 
 
-def _dense_order(shape, stride):
-    """For a non-overlapping, dense layout: the dims from outermost to innermost (a
-    permutation); None for anything else (overlapping, gaps, symbolic sizes)."""
-    if not all(type(s) is int for s in (*shape, *stride)):
-        return None
-    order = sorted(range(len(shape)), key=lambda d: (-stride[d], -shape[d]))
-    expected = 1
-    for d in reversed(order):
-        if shape[d] != 1 and stride[d] != expected:
-            return None
-        expected *= shape[d]
-    return order
-
-
 class _OutSpec:
     __slots__ = ("kind", "dtype", "jdt", "stride", "perm", "shape", "n", "value")
 
@@ -122,7 +108,7 @@ class Program:
                         specs.append(_OutSpec(OUT_INPUT, value=ph[a]))
                         continue
                     kind = OUT_TPU if meta.device.type == "tpu" else OUT_CPU
-                    order = _dense_order(tuple(meta.shape), tuple(meta.stride()))
+                    order = _storage.dense_order(tuple(meta.shape), tuple(meta.stride()))
                     contiguous = order is None or order == list(range(meta.dim()))
                     perm = None if contiguous else order
                     stride = None if contiguous else tuple(meta.stride())

@@ -29,7 +29,7 @@
 
 namespace torch_tpu {
 
-PyObject* empty_with_storage(PyObject*, PyObject* const* args, Py_ssize_t nargs);  // tpu_ext.cpp
+PyObject* empty_with_storage(PyObject*, PyObject* const* args, Py_ssize_t nargs);  // dispatch.cpp
 PyObject* user_line(PyObject*, PyObject*);                                          // scan.cpp
 void mark_realized(const c10::Storage& storage);  // tpu_ext.cpp: count the storage's bytes as device memory
 extern PyObject* g_record_attr;  // scan.cpp: the storage attribute holding (buffer, length, dtype)
@@ -267,9 +267,15 @@ PyObject* assemble(PyObject* structure, PyObject* vals, PyObject* fresh) {
 bool record_fresh(NodeObject* node, PyObject* specs, PyObject* recs, PyObject* fresh) {
   const Py_ssize_t n = PyList_GET_SIZE(specs);
   for (Py_ssize_t k = 0; k < n; ++k) {
-    PyObject* spec = PyList_GET_ITEM(specs, k);  // (shape, torch dtype)
+    PyObject* spec = PyList_GET_ITEM(specs, k);  // (shape, torch dtype, strides or None)
     PyObject* rec = PyList_GET_ITEM(recs, k);    // (flat length, jax dtype)
-    PyObject* args[3] = {PyTuple_GET_ITEM(spec, 0), Py_None, PyTuple_GET_ITEM(spec, 1)};
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3) {
+      PyErr_SetString(PyExc_TypeError, "record: an entry's fresh spec is not (shape, dtype, strides)");
+      return false;
+    }
+    // the strides of the meta kernel's layout, which the entry's body writes the flat
+    // buffer in (eager/opcall.py _layout); None: contiguous
+    PyObject* args[3] = {PyTuple_GET_ITEM(spec, 0), PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 1)};
     PyObject* pair = empty_with_storage(nullptr, args, 3);
     if (pair == nullptr) return false;
     PyObject* st = PyTuple_GET_ITEM(pair, 1);

@@ -392,7 +392,7 @@ PyMethodDef g_methods[] = {
 
 }  // namespace
 
-// For the dispatcher's boxed kernel (tpu_ext.cpp): `kernel` is an OpKernel, `vals` the
+// For the dispatcher's boxed kernel (dispatch.cpp): `kernel` is an OpKernel, `vals` the
 // argument values in schema order, defaults included, as normalize would give them.
 PyObject* run_op_kernel(PyObject* kernel, PyObject* vals) {
   return kernel_run(reinterpret_cast<KernelObject*>(kernel), vals);

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime
 
-import torch
 import torch.distributed as dist
 
 from .. import _runtime
@@ -75,8 +74,9 @@ def _create(opts, backend_options=None) -> ProcessGroupTPU:
 
 def register() -> None:
     """Register the backend (idempotent): `init_process_group("tpu_dist")`, and the
-    default backend for the tpu device; functional collectives on tpu tensors; the
-    stream API that FSDP2 expects on `torch.tpu`; DTensor sharding for attention."""
+    default backend for the tpu device; functional collectives on tpu tensors; DTensor
+    sharding for attention. (The stream API that FSDP2 expects on `torch.tpu` is
+    torch_tpu/_streams.py's.)"""
     if _registered[0]:
         return
     _registered[0] = True
@@ -86,11 +86,9 @@ def register() -> None:
         # `devices` must be a list: a string would be read character by character.
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["tpu"])
     _runtime.before_backend(_bootstrap.before_backend)  # torchrun: join JAX's runtime early
-    from . import _dtensor, _functional, _streams
+    from . import _dtensor, _functional, _staged
 
     _functional.register()
+    _staged.install()  # tpu tensors over gloo groups: c10d's ops staged through the host
     _dtensor.install()  # DTensor strategies for tpu's attention ops, once DTensor loads
-    tpu = getattr(torch, "tpu", None)
-    if tpu is not None:
-        _streams.install(tpu)
 register()

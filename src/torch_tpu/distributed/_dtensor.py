@@ -1,7 +1,7 @@
 """DTensor sharding strategies for the attention ops that tpu runs.
 
 On tpu, `F.scaled_dot_product_attention` runs torch's "overrideable" fused op, one op each
-way (csrc/tpu_ext.cpp `sdp_choice`, lowering/attention.py). torch's DTensor registers
+way (csrc/dispatch.cpp `sdp_choice`, lowering/attention.py). torch's DTensor registers
 sharding strategies only for the flash, efficient and cudnn variants, so SDPA on DTensors
 (a tensor-parallel plan that keeps DTensors through attention, FSDP2 + TP) raised
 "_scaled_dot_product_fused_attention_overrideable.default does not have a sharding

@@ -6,7 +6,8 @@ C++ methods; for `all_gather_into_tensor` and `reduce_scatter_tensor` that path 
 take precedence over CompositeExplicitAutograd for tpu tensors, so each functional op
 gets one here that calls the tpu_dist group directly and returns a fresh tensor holding
 the result future. No Work is registered: `wait_tensor` is then the identity, which is
-right because the result buffer itself carries the dependency.
+right because the result buffer itself carries the dependency. Over any other group
+(gloo) the op runs on host copies instead (`_staged.functional`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 import torch.distributed  # noqa: F401  (defines the _c10d_functional ops)
 
 from ..eager.strict import new_tensor
-from . import collectives as C
+from . import _staged, collectives as C
 from .process_group import ProcessGroupTPU
 
 _LIB = torch.library.Library("_c10d_functional", "IMPL")
@@ -171,7 +172,22 @@ _KERNELS = {
 }
 
 
+def _routed(name, fn):
+    """`fn` for a tpu_dist group; any other group (gloo) stages through the host. The
+    group is the last positional argument of every op here (`out` is keyword-only)."""
+    op = getattr(torch.ops._c10d_functional, name).default
+
+    def kernel(*args, **kwargs):
+        pg = args[-1]
+        if isinstance(pg, str):
+            pg = torch._C._distributed_c10d._resolve_process_group(pg)
+        if isinstance(pg, ProcessGroupTPU):
+            return fn(*args, **kwargs)
+        return _staged.functional(op, args, kwargs)
+    return kernel
+
+
 def register() -> None:
     for name, fn in _KERNELS.items():
         if hasattr(torch.ops._c10d_functional, name):
-            _LIB.impl(name, fn, "PrivateUse1")
+            _LIB.impl(name, _routed(name, fn), "PrivateUse1")

@@ -141,7 +141,7 @@ class DeferExecutor:
         key, bufs, dyns = plan.scan(vals)
         entry = plan.cache[key]
         fresh, outs = run_eager(plan, entry, vals, bufs, dyns)
-        tensors = [new_tensor(s, d, f) for (s, d), f in zip(fresh, outs)]
+        tensors = [new_tensor(s, d, f) for (s, d, _), f in zip(fresh, outs)]
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
     def _after_record(self, h):
@@ -182,7 +182,7 @@ def _source_entry(kind, n, jdt, make_raw):
     `make_raw(n, jdt)` gives its traceable body (built on a miss only)."""
     entry = _SOURCES.get((kind, n, jdt))
     if entry is None:
-        entry = Entry(None, [((n,), _runtime.torch_dtype(jdt))], (("fresh",),), [])
+        entry = Entry(None, [((n,), _runtime.torch_dtype(jdt), None)], (("fresh",),), [])
         entry.raw = make_raw(n, jdt)
         entry.key = (f"tpu::{kind}", ((n,), str(jdt)))
         _SOURCES[(kind, n, jdt)] = entry

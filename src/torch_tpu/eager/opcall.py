@@ -5,10 +5,17 @@ share.
 arguments are mutated, the lowering. `OpPlan.scan` turns one call's arguments into a
 cache key (shapes, strides, dtypes, static values, scalar *types*), the storages' flat XLA
 buffers and the dynamic scalars. `OpPlan.compile` builds the entry for a new key: torch's
-meta kernel gives result shapes and dtypes (and torch's own error for bad input), and
-the JAX function reads each input's view out of its buffer, runs the lowering, casts the
-results to torch's dtypes and writes mutated views back into their buffers. Scalars stay
+meta kernel gives result shapes, dtypes and memory layouts (and torch's own error for bad
+input), and the JAX function reads each input's view out of its buffer, runs the lowering,
+casts the results to torch's dtypes, lays each out in its flat buffer in the meta
+kernel's memory order and writes mutated views back into their buffers. Scalars stay
 traced arguments, so a changing learning rate does not recompile.
+
+Layouts: like CPU and CUDA (TensorIterator, SDPA), a result keeps its input's layout when
+the meta kernel says so: `x.transpose(1, 2) * 2` has the transposed strides, so
+`.transpose(1, 2).view(B, S, -1)` works as it does on CPU. A result whose meta strides
+are a dense permutation of its shape gets those strides (its buffer is written in that
+order); any other layout (expanded, overlapping) is contiguous.
 """
 from __future__ import annotations
 
@@ -91,11 +98,12 @@ class Entry:
         self.eager_fn = eager_fn    # set instead of fn for data-dependent shapes
         # (length, jax dtype) of each fresh output's flat buffer
         self.out_recs = None if fresh is None else [
-            (_prod(shape), _runtime.jax_dtype(dt)) for shape, dt in fresh]
+            (_prod(shape), _runtime.jax_dtype(dt)) for shape, dt, _ in fresh]
         self.raw = None
         self.key = None
         self.fn = fn                # (bufs, dyns) -> [fresh flat buffers..., new buffers of mutated storages...]
-        self.fresh = fresh          # [(shape, torch dtype)] of the new tensors
+        # [(shape, torch dtype, strides or None for contiguous)] of the new tensors
+        self.fresh = fresh
         self.structure = structure  # per schema return: ("alias", i) | ("fresh",) | ("list", n)
         self.mut_slots = mut_slots  # [(arg index, list index or None)] of mutated tensors
 
@@ -248,17 +256,18 @@ class OpPlan(OpSchema):
             # no meta kernel: take shapes from JAX, dtypes mapped back to torch's
             bufs_abs, dyns_abs = _abstract_inputs(parts, self)
             shapes = jax.eval_shape(lambda b, d: fn(b, d, None)[0], bufs_abs, dyns_abs)
-            fresh = [(tuple(s.shape), _runtime.torch_dtype(s.dtype)) for s in shapes]
+            fresh = [(tuple(s.shape), _runtime.torch_dtype(s.dtype), None) for s in shapes]
+            perms = [None] * len(fresh)
             structure = tuple(("fresh",) for _ in fresh) if self.nrets else ()
         else:
-            fresh, structure = _describe(self, meta)
-        dtypes = [_runtime.jax_dtype(d) for _, d in fresh]
-        shapes = [s for s, _ in fresh]
+            fresh, perms, structure = _describe(self, meta)
+        dtypes = [_runtime.jax_dtype(d) for _, d, _ in fresh]
+        shapes = [s for s, _, _ in fresh]
 
         nbufs = _count_bufs(parts, self)
 
         def run(*flat):
-            return fn(flat[:nbufs], flat[nbufs:], (shapes, dtypes))[1]
+            return fn(flat[:nbufs], flat[nbufs:], (shapes, dtypes, perms))[1]
 
         jitted = jax.jit(run)
         metrics.count("op_entries")
@@ -333,17 +342,19 @@ class OpPlan(OpSchema):
             raw = [x for x in raw[:len(raw) - nmut] if x is not None] + raw[len(raw) - nmut:]
             if specs is None:
                 return raw[:len(raw) - len(mut_slots)], None
-            shapes, dtypes = specs
+            shapes, dtypes, perms = specs
             nfresh = len(shapes)
             if len(raw) != nfresh + len(mut_slots):
                 raise RuntimeError(
                     f"lowering of {self.name} returned {len(raw)} results, expected "
                     f"{nfresh} new + {len(mut_slots)} mutated")
             out = []
-            for x, shape, dt in zip(raw[:nfresh], shapes, dtypes):
+            for x, shape, dt, perm in zip(raw[:nfresh], shapes, dtypes, perms):
                 x = x.astype(dt) if x.dtype != dt else x
                 if x.shape != shape:
                     x = x.reshape(shape) if x.size == _prod(shape) else jax.numpy.broadcast_to(x, shape)
+                if perm is not None:  # the buffer in the result's memory order (_layout)
+                    x = jax.numpy.transpose(x, perm)
                 out.append(x.reshape(-1))
             latest = {}
             for (i, j), x in zip(mut_slots, raw[nfresh:]):
@@ -405,7 +416,7 @@ def _traceable_shapes(fn, parts, plan):
 def run_eager(plan, entry, vals, bufs, dyns):
     """Run a data-dependent-shape op on concrete arrays; returns (fresh specs, flat outs)."""
     raw, _ = entry.eager_fn(bufs, dyns, None)
-    fresh = [(tuple(x.shape), _runtime.torch_dtype(x.dtype)) for x in raw]
+    fresh = [(tuple(x.shape), _runtime.torch_dtype(x.dtype), None) for x in raw]
     outs = [x.reshape(-1) for x in raw]
     if entry.mut_slots:
         raise NotImplementedError(f"{plan.name}: in-place ops with data-dependent shapes")
@@ -487,21 +498,49 @@ def meta_run(plan, vals):
         raise
 
 
+def _layout(t):
+    """(strides, perm) of a meta result: (None, None) when it is contiguous or its layout
+    is not a dense permutation of its shape (expanded, overlapping: such a result is made
+    contiguous); else its strides, and its dims outermost-first when they are not in
+    order (None when only the strides of size-1 dims differ from contiguous ones)."""
+    shape, stride = tuple(t.shape), tuple(t.stride())
+    expected, contiguous = 1, []
+    for n in reversed(shape):
+        contiguous.append(expected)
+        expected *= n
+    if stride == tuple(reversed(contiguous)):
+        return None, None
+    order = _storage.dense_order(shape, stride)
+    if order is None:
+        return None, None
+    moved = [d for d in order if shape[d] != 1]  # size-1 dims place no element
+    return stride, (None if moved == sorted(moved) else order)
+
+
 def _describe(plan, meta):
+    """-> (fresh specs, their perms, structure) from the meta kernel's results."""
     rets = meta if isinstance(meta, tuple) else (meta,)
     fresh = []
+    perms = []
     structure = []
     if plan.nrets == 0:
-        return fresh, ()
+        return fresh, perms, ()
+
+    def add(x):
+        stride, perm = _layout(x)
+        fresh.append((tuple(x.shape), x.dtype, stride))
+        perms.append(perm)
+
     for r, alias in zip(rets, plan.ret_alias):
         if alias is not None:
             structure.append(("alias", alias))
         elif isinstance(r, (list, tuple)):
             structure.append(("list", len(r)))
-            fresh.extend((tuple(x.shape), x.dtype) for x in r)
+            for x in r:
+                add(x)
         elif isinstance(r, torch.Tensor):
             structure.append(("fresh",))
-            fresh.append((tuple(r.shape), r.dtype))
+            add(r)
         else:
             structure.append(("value", r))
-    return fresh, tuple(structure)
+    return fresh, perms, tuple(structure)

@@ -20,10 +20,11 @@ _empty = _C.empty_with_storage  # (shape, strides or None, dtype) -> (tensor, it
 assemble = _C.assemble
 
 
-def new_tensor(shape, dtype, flat, rec=None):
-    """A tpu tensor owning `flat`. Outside DeferAndFuse the allocator already counts the
-    new storage as device memory."""
-    t, st = _empty(shape, None, dtype)
+def new_tensor(shape, dtype, flat, rec=None, strides=None):
+    """A tpu tensor owning `flat` (laid out in the memory order of `strides`; None:
+    contiguous). Outside DeferAndFuse the allocator already counts the new storage as
+    device memory."""
+    t, st = _empty(shape, strides, dtype)
     if rec is None:
         _storage.set_buffer(st, flat)
     else:
@@ -34,8 +35,8 @@ def new_tensor(shape, dtype, flat, rec=None):
 def finish(plan, entry, vals, outs):
     """Store results: new tensors for fresh outputs, new buffers for mutated storages."""
     nfresh = len(entry.fresh)
-    fresh = [new_tensor(shape, dtype, flat, rec)
-             for (shape, dtype), flat, rec in zip(entry.fresh, outs, entry.out_recs)]
+    fresh = [new_tensor(shape, dtype, flat, rec, strides)
+             for (shape, dtype, strides), flat, rec in zip(entry.fresh, outs, entry.out_recs)]
     for (i, j), flat in zip(entry.mut_slots, outs[nfresh:]):
         t = vals[i] if j is None else vals[i][j]
         _storage.set_buffer(t.untyped_storage(), flat)
@@ -89,7 +90,7 @@ class StrictExecutor:
         _COUNTERS[self.counter] += 1
         if entry.fn is None:
             fresh, outs = run_eager(plan, entry, vals, bufs, dyns)
-            tensors = [new_tensor(s, d, f) for (s, d), f in zip(fresh, outs)]
+            tensors = [new_tensor(s, d, f) for (s, d, _), f in zip(fresh, outs)]
             return tensors[0] if len(tensors) == 1 else tuple(tensors)
         outs = entry.fn(*bufs, *dyns)
         return finish(plan, entry, vals, outs)

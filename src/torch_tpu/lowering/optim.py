@@ -40,6 +40,13 @@ def _stored(x):
     return jnp.where(x != x, jnp.nan, x)
 
 
+def _loaded(x):
+    """A tensor argument as the foreach ops read it: a stored value in its opmath dtype.
+    Under DeferAndFuse the grads may come from the same program (the backward), where XLA
+    would contract their last product into the first add here."""
+    return _stored(to_opmath(x))
+
+
 def _op(op):
     """The elementwise lowering of `op`, its result kept as one foreach op would store it."""
     fn = LOWERINGS[op]
@@ -101,8 +108,8 @@ def _adam(decoupled: bool):
         new = ([], [], [], [], [])
         for i, (p, g0, m, v, step) in enumerate(zip(self, grads, exp_avgs, exp_avg_sqs,
                                                     state_steps)):
-            p, m, v = map(to_opmath, (p, m, v))
-            g = _unscale(to_opmath(g0), grad_scale)
+            p, m, v = map(_loaded, (p, m, v))
+            g = _unscale(_loaded(g0), grad_scale)
             new[1].append(g0 if grad_scale is None else g)
             if maximize:
                 g = _neg(g)
@@ -116,7 +123,7 @@ def _adam(decoupled: bool):
             step_size = (lr / (1 - beta1 ** t)) * -1
             bias_correction2_sqrt = (1 - beta2 ** t) ** 0.5
             if amsgrad:
-                vmax = _maximum(to_opmath(max_exp_avg_sqs[i]), v)
+                vmax = _maximum(_loaded(max_exp_avg_sqs[i]), v)
                 new[4].append(vmax)
                 denom = _sqrt(vmax)
             else:
@@ -145,8 +152,8 @@ def _sgd(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampe
     decay = wd != 0
     new = ([], [], [])
     for i, (p, g0) in enumerate(zip(self, grads)):
-        p = to_opmath(p)
-        g = _unscale(to_opmath(g0), grad_scale)
+        p = _loaded(p)
+        g = _unscale(_loaded(g0), grad_scale)
         new[1].append(g0 if grad_scale is None else g)
         if maximize:
             g = _neg(g)
@@ -155,7 +162,7 @@ def _sgd(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampe
             if is_first_step:
                 buf = g
             else:
-                buf = _add(_mul(to_opmath(momentum_buffer_list[i]), momentum), g,
+                buf = _add(_mul(_loaded(momentum_buffer_list[i]), momentum), g,
                            alpha=1 - dampening)
             new[2].append(buf)
             g = _add(g, buf, alpha=momentum) if nesterov else buf

@@ -1,6 +1,6 @@
 """The eager-mode matrix of the op tests: which (op, dtype) cases run in which mode.
 
-The `eager` fixture (conftest.py) runs a test in Strict (`strict`) and in DeferAndFuse
+The `eager` fixture (tests/conftest.py) runs a test in Strict (`strict`) and in DeferAndFuse
 (`defer`), where the ops are recorded by the C recording path (csrc/scan.cpp, graph.cpp)
 and run at the test's sync points. A test that takes `eager` runs in both. A test that
 sweeps dtypes uses `parametrize` instead: Strict runs every dtype an op lists, DeferAndFuse
