@@ -4,12 +4,15 @@ each giving what the same script gives with CPU tensors.
 
 This file is also the user's script (`python tests/test_gloo_staging.py --worker DEVICE`):
 a gloo job whose only device-specific line is the device string. It runs as 2 processes
-on 127.0.0.1 (helpers/dist_launch.py, an env:// rendezvous as torchrun sets it up), once
-with "tpu" and once with "cpu"; each rank reports every check's result, and the tests
-compare the two runs value for value (small integers and sums of them: exact).
+on 127.0.0.1 (helpers/dist_launch.py, an env:// rendezvous as torchrun sets it up), with
+"cpu", with "tpu" and with "tpu" in DeferAndFuse; each rank reports every check's result,
+and the tests compare each tpu run with the CPU run value for value (small integers and
+sums of them: exact). transformers' tensor parallelism picks the accelerator itself, so
+that check runs on tpu in every run and compares with a single-process CPU model.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import sys
@@ -51,8 +54,8 @@ def _collectives(dev, rank, world):
 
     def all_reduce_view():
         base = torch.zeros(4, 3, device=dev)
-        view = base[:, 1]  # not contiguous: the write must land in base's column
-        view.copy_(ints(4))
+        view = base[1:3]  # a view at an offset: the result must land in base
+        view.copy_(ints().view(2, 3))
         dist.all_reduce(view)
         return base.tolist()
 
@@ -181,8 +184,7 @@ def _collectives(dev, rank, world):
         return [t.tolist() for t in ts]
 
     def all_gather_coalesced():
-        outs = [[torch.zeros(3, device=dev) for _ in range(world)],
-                [torch.zeros(2, device=dev) for _ in range(world)]]
+        outs = [[torch.zeros(3, device=dev), torch.zeros(2, device=dev)] for _ in range(world)]
         dist.all_gather_coalesced(outs, [ints(3), ints(2) * 5])
         return [[o.tolist() for o in lst] for lst in outs]
 
@@ -232,6 +234,7 @@ def _functional(dev, rank, world):
     def fn_all_reduce_inplace():
         t = ints()
         r = torch.ops._c10d_functional.all_reduce_(t, "sum", group.group_name)
+        funcol.wait_tensor(r)
         return [r is t, t.tolist()]
 
     def fn_all_gather_tensor():
@@ -252,9 +255,10 @@ def _functional(dev, rank, world):
 
     def fn_all_gather_into_tensor_out():
         out = torch.zeros(4 * world, device=dev)
-        torch.ops._c10d_functional.all_gather_into_tensor_out(ints(), world,
-                                                              group.group_name, out=out)
-        return out.tolist()
+        r = torch.ops._c10d_functional.all_gather_into_tensor_out(ints(), world,
+                                                                  group.group_name, out=out)
+        funcol.wait_tensor(r)
+        return [r is out, out.tolist()]
 
     def fn_grad_all_gather():  # the autograd form DTensor's backward uses
         x = ints().requires_grad_()
@@ -295,11 +299,33 @@ def _models(dev, rank, world):
             losses.append(round(loss.item(), 5))
         return [losses, round(sum(p.sum().item() for p in model.parameters()), 4)]
 
+    def fsdp2():
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = net().to(dev)
+        mesh = init_device_mesh(dev, (world,))
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for step in range(3):
+            x, y = batch(step)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(round(loss.item(), 5))
+        return losses
+
     def dtensor_tensor_parallel():
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                       parallelize_module)
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
 
         mesh = init_device_mesh(dev, (world,))
         torch.manual_seed(1)
@@ -316,7 +342,27 @@ def _models(dev, rank, world):
                 [round(v, 4) for v in out.flatten().tolist()],
                 round(model[0].weight.grad.to_local().sum().item(), 4)]
 
-    return {"ddp": ddp, "dtensor_tensor_parallel": dtensor_tensor_parallel}
+    def hf_llama_tensor_parallel():
+        """transformers' tensor parallelism picks the accelerator (tpu) whatever the group's
+        backend: over gloo it must still give the single-process CPU logits."""
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        path = os.path.join(os.environ["TPU_DIST_TEST_OUT"], "tiny_llama")
+        if rank == 0:
+            torch.manual_seed(0)
+            LlamaForCausalLM(LlamaConfig(
+                vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=64)).save_pretrained(path)
+        dist.barrier()
+        ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+        model = LlamaForCausalLM.from_pretrained(path, tp_plan="auto")
+        logits = model(ids.to(model.device)).logits.cpu()
+        want = LlamaForCausalLM.from_pretrained(path, device_map="cpu")(ids).logits
+        return [model.device.type, bool((logits - want).abs().max() < 1e-5)]
+
+    return {"ddp": ddp, "fsdp2": fsdp2, "dtensor_tensor_parallel": dtensor_tensor_parallel,
+            "hf_llama_tensor_parallel": hf_llama_tensor_parallel}
 
 
 def _worker(dev):
@@ -325,7 +371,7 @@ def _worker(dev):
 
     signal.alarm(JOB_TIMEOUT_S - 20)  # a hung collective ends this process, not the run
     t0 = time.perf_counter()
-    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=120))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     results, seconds = {}, {}
     for family in (_collectives, _functional, _models):
@@ -347,13 +393,16 @@ def _worker(dev):
 
 
 # ---------------------------------------------------------------- the tests
+# The tpu job runs in Strict and in DeferAndFuse (staging reads pending values and records
+# its copies back); the CPU job is the reference for both.
+MODES = {"strict": {}, "defer": {"TORCH_TPU_DEFER_AND_FUSE": "1"}}
 _JOBS: dict = {}
 
 
-def _job(dev):
-    if dev not in _JOBS:
-        _JOBS[dev] = launch(__file__, dev, WORLD, timeout=JOB_TIMEOUT_S)
-    return _JOBS[dev]
+def _job(dev, mode="strict"):
+    if (dev, mode) not in _JOBS:
+        _JOBS[dev, mode] = launch(__file__, dev, WORLD, timeout=JOB_TIMEOUT_S, env=MODES[mode])
+    return _JOBS[dev, mode]
 
 
 def _check_names():
@@ -384,16 +433,17 @@ def test_the_c10d_schemas_are_torch_2_13s():
     assert with_kernel == set(_staged.SCHEMAS), with_kernel ^ set(_staged.SCHEMAS)
 
 
-@pytest.mark.parametrize("dev", ["cpu", "tpu"])
-def test_job_ran(dev):
-    job = _job(dev)
+@pytest.mark.parametrize("dev,mode", [("cpu", "strict"), ("tpu", "strict"), ("tpu", "defer")])
+def test_job_ran(dev, mode):
+    job = _job(dev, mode)
     assert all(c == 0 for c in job.codes), job.log()
     assert all(r is not None for r in job.results), job.log()
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", _check_names())
-def test_tpu_over_gloo_matches_cpu(name):
-    cpu, tpu = _job("cpu"), _job("tpu")
+def test_tpu_over_gloo_matches_cpu(name, mode):
+    cpu, tpu = _job("cpu"), _job("tpu", mode)
     for job in (cpu, tpu):
         if any(r is None for r in job.results):
             pytest.fail("a job did not finish:\n" + job.log())

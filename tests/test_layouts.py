@@ -88,7 +88,7 @@ def test_llama_attention_backward_matches_cpu(mode):
     inputs = _llama_inputs()
     grads = []
     for device in ("cpu", "tpu"):
-        leaves = [t.to(device).requires_grad_(i < 4) for i, t in enumerate(inputs)]
+        leaves = [t.detach().to(device).requires_grad_(i < 4) for i, t in enumerate(inputs)]
         _, view = _llama_attention(*leaves)
         (view * view.detach().sin()).sum().backward()
         grads.append([t.grad.cpu() for t in leaves[:4]])
@@ -126,8 +126,11 @@ _LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout", list(_LAYOUTS))
-@pytest.mark.parametrize("op", list(_OPS))
+# not (sdpa, channels_last): for a query whose head dim is not innermost CPU's flash kernel
+# makes it contiguous first, while tpu (and DTensor) follow the fused op's meta kernel,
+# which keeps the query's layout
+@pytest.mark.parametrize("op,layout", [(o, la) for o in _OPS for la in _LAYOUTS
+                                       if (o, la) != ("sdpa", "channels_last")])
 def test_result_layout_matches_cpu(mode, op, layout):
     fn, lay = _OPS[op], _LAYOUTS[layout]
 
@@ -162,5 +165,19 @@ def test_expanded_result_stays_dense(mode):
     dense tensor (expand + op: TensorIterator gives a dense result on CPU too)."""
     x = _randn(1, H, 1, D)
     c, t = _both(lambda x: x.expand(B, H, S, D) + 1, x)
+    _same_layout(c, t)
+    torch.testing.assert_close(t.cpu(), c)
+
+
+def test_in_place_writes_into_a_permuted_result(mode):
+    """In-place ops and slice assignment into a result kept in its input's layout."""
+    def chain(x):
+        y = x.transpose(1, 2) * 2
+        y.add_(1)
+        y[:, 0] = 0
+        y[..., 1:3].mul_(-1)
+        return y
+
+    c, t = _both(chain, _randn(B, S, H, D, seed=9))
     _same_layout(c, t)
     torch.testing.assert_close(t.cpu(), c)

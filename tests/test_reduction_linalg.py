@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import torch_tpu
+
 from helpers.mode_matrix import parametrize
 
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=3e-2, rtol=3e-2),

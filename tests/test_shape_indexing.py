@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.mode_matrix import parametrize
-
 from torch_tpu.lowering import registry
+
+from helpers.mode_matrix import parametrize
 
 aten = torch.ops.aten
 
@@ -277,7 +277,8 @@ def test_integer_indexing_is_jitted(eager):
     DeferAndFuse: join the fused graph), not run eagerly."""
     from torch_tpu import metrics
 
-    x = randn(3, 7, 2 if eager == "strict" else 3).to("tpu")  # a shape no other test indexes
+    # a shape that no other test, nor this test's other mode, indexes: a new cache entry
+    x = randn(3, 7, 2 if eager == "strict" else 3).to("tpu")
     i = IDX.to("tpu")
     before = metrics.counters.copy()
     got = x[:, i]

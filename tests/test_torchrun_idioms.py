@@ -3,42 +3,27 @@
 A CUDA-style DDP script (tests/scripts/ddp_cuda_style.py) is run with only "cuda" -> "tpu"
 and "nccl" -> "tpu_dist" changed; a TorchTPU-style one (everything on tpu:0) in the same
 test run. Both must train with the losses of the same script on CPU over gloo."""
-import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from helpers.dist_launch import run_script, swap_cuda
 
 pytestmark = pytest.mark.distributed
 
 SCRIPTS = pathlib.Path(__file__).parent / "scripts"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(script: pathlib.Path, env=None, nproc=2, timeout=300):
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(script)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
-    results = sorted((json.loads(line[len("RESULT "):]) for line in out.stdout.splitlines()
-                      if line.startswith("RESULT ")), key=lambda r: r["rank"])
-    return out, results
+def _torchrun(script, env=None, nproc=2, timeout=300):
+    code, out, results = run_script(script, env, nproc, timeout)
+    return subprocess.CompletedProcess([str(script)], code, out, ""), results
 
 
 def _swapped(tmp_path, name):
-    text = (SCRIPTS / name).read_text().replace("cuda", "tpu").replace("nccl", "tpu_dist")
-    path = tmp_path / name
-    path.write_text(text)
-    return path
+    return swap_cuda(SCRIPTS / name, tmp_path / name)
 
 
 @pytest.fixture(scope="module")

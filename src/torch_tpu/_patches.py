@@ -187,51 +187,6 @@ CAPTURABLE_OPTIMIZERS = Patch(
     "`step` counter on the CPU: a host computation per param in the graph, and a transfer "
     "every step")
 
-# ---------------------------------------------------------------- DTensor (applied lazily)
-def _meta_layout(t, spec):
-    """The local result `t` laid out in memory as torch's meta kernel laid out the DTensor
-    (its dims in the same order by stride; size-1 dims do not count). A view of a tensor
-    laid out so already is, so only fresh results are ever copied."""
-    meta = getattr(spec, "tensor_meta", None)
-    if (meta is None or not isinstance(t, torch.Tensor) or t.device.type != "tpu"
-            or t.dim() < 2 or len(meta.stride) != t.dim()
-            or not all(type(s) is int for s in meta.stride)):  # symbolic under tracing
-        return t
-    want = sorted(range(t.dim()), key=lambda d: -meta.stride[d])  # stable on ties
-    have = sorted(range(t.dim()), key=lambda d: -t.stride(d))
-    if [d for d in want if t.shape[d] > 1] == [d for d in have if t.shape[d] > 1]:
-        return t
-    return t.permute(want).contiguous().permute([want.index(d) for d in range(t.dim())])
-
-
-def _in_meta_layout(res, spec):
-    if isinstance(res, torch.Tensor):
-        return _meta_layout(res, spec)
-    if isinstance(res, (list, tuple)) and isinstance(spec, (list, tuple)):
-        out = [_in_meta_layout(r, s) for r, s in zip(res, spec)] + list(res[len(spec):])
-        return type(res)(out)
-    return res
-
-
-def _dtensor_wrap(wrap):
-    def _wrap(res, spec):
-        return wrap(_in_meta_layout(res, spec), spec)
-    return _wrap
-
-
-DTENSOR_WRAP = Patch(
-    "torch.distributed.tensor._dispatch:OpDispatcher.wrap",
-    "(res: object, spec: torch.distributed.tensor._dtensor_spec.DTensorSpec | "
-    "collections.abc.Sequence[torch.distributed.tensor._dtensor_spec.DTensorSpec | None] | "
-    "None) -> object", _dtensor_wrap,
-    "DTensor takes a result's strides from torch's meta kernel and later views the local "
-    "tensor by them (a `reshape` the strides allow becomes `view`). tpu results are "
-    "contiguous, while torch's elementwise and attention kernels keep their input's "
-    "layout: HF Llama's `q.view(B, S, H, D).transpose(1, 2)`, rotary embedding, SDPA, "
-    "`.transpose(1, 2).reshape(B, S, -1)` failed on the local tensor ('view size is not "
-    "compatible'). `wrap` (called for every DTensor result, from C++ too) first lays each "
-    "tpu result out as the meta kernel did: one copy, only where the orders differ")
-
 # ---------------------------------------------------------------- the OpInfo sweep (applied by it)
 def _unseeded(wrapper_set_seed):
     def _unseeded(op, *args, **kwargs):
@@ -250,10 +205,7 @@ AT_IMPORT = [PRINT_FROM_HOST, WRITE_FILE, SET_FROM_FILE, BACKWARD_GRAPH, BACKWAR
              MODULE_APPLY]
 WITH_DYNAMO = [CAPTURABLE_OPTIMIZERS]  # importing dynamo costs ~2.5 s: applied by compile
 FOR_VALIDATION = [OPINFO_UNSEEDED]  # applied by `python -m torch_tpu validate ops` only
-# importing torch.distributed.tensor costs ~2 s: applied when the user's code first does
-# (distributed/_dtensor.py)
-WITH_DTENSOR = [DTENSOR_WRAP]
-ALL = AT_IMPORT + WITH_DYNAMO + FOR_VALIDATION + WITH_DTENSOR
+ALL = AT_IMPORT + WITH_DYNAMO + FOR_VALIDATION
 
 
 def apply_at_import() -> None:
@@ -270,7 +222,3 @@ def apply_for_validation() -> None:
     for p in FOR_VALIDATION:
         p.apply()
 
-
-def apply_with_dtensor() -> None:
-    for p in WITH_DTENSOR:
-        p.apply()

@@ -238,13 +238,21 @@ def writer(shape, stride, offset, buf_len, buf_dtype, dtype):
 
     if numel == 0:
         return lambda flat, value: flat
-    if _is_contiguous(shape, stride):
+    order = dense_order(shape, stride)
+    if order is not None:
+        # contiguous, or a dense permutation (an op's result kept in its input's layout):
+        # the view is one slice of the buffer, the value in memory order
+        def in_memory_order(value):
+            if order != sorted(order):
+                value = jnp.transpose(value, order)
+            return value.reshape(-1).astype(jdt)
+
         if offset == 0 and numel == buf_len and same:
-            return lambda flat, value: value.reshape(-1).astype(jdt)
+            return lambda flat, value: in_memory_order(value)
 
         def write_slice(flat, value):
             base = _fit(flat if same else _bitcast_flat(flat, jdt), offset + numel)
-            new = lax.dynamic_update_slice(base, value.reshape(-1).astype(jdt), (offset,))
+            new = lax.dynamic_update_slice(base, in_memory_order(value), (offset,))
             return finish(new, flat)
 
         return write_slice

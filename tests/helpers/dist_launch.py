@@ -107,3 +107,39 @@ def report(results: dict) -> None:
     rank = int(os.environ["RANK"])
     with open(os.path.join(os.environ["TPU_DIST_TEST_OUT"], f"result{rank}.json"), "w") as f:
         json.dump(results, f)
+
+
+def swap_cuda(src, dst) -> str:
+    """The literal migration: a script written for CUDA, every `cuda` -> `tpu` and `nccl` ->
+    `tpu_dist`, written to `dst`; returns dst."""
+    text = open(src).read()
+    assert "cuda" in text, f"{src} is not written for CUDA"
+    with open(dst, "w") as f:
+        f.write(text.replace("cuda", "tpu").replace("nccl", "tpu_dist"))
+    return str(dst)
+
+
+def run_script(script, env=None, nproc=None, timeout=600):
+    """Run `script` as a user would: `python script`, or under torchrun with `nproc`
+    processes on 127.0.0.1. -> (exit code, output, its `RESULT {json}` lines sorted by
+    rank). A job that outlives `timeout` is killed with all its processes."""
+    import pytest
+
+    cmd = [sys.executable, str(script)]
+    if nproc:
+        cmd[1:1] = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
+                    str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=e, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{script} ran past {timeout} s:\n{out[-6000:]}")
+    results = [json.loads(line[len("RESULT "):]) for line in out.splitlines()
+               if line.startswith("RESULT ")]
+    return proc.returncode, out, sorted(results, key=lambda r: r["rank"])

@@ -12,12 +12,13 @@ import pytest
 
 def cases(entries, marks=None):
     """entries: (name, args, dtypes) per op -> pytest params "eager, *args, dtype", with
-    ids "name-dtype-mode"; `marks` maps a name to its marks (both modes)."""
+    ids "mode-name-dtype" (as the fixture's own: "defer-..."); `marks` maps a name to its
+    marks (both modes)."""
     params = []
     for i, (name, args, dtypes) in enumerate(entries):
         dtypes = list(dtypes)
         for mode, picked in (("strict", dtypes), ("defer", [dtypes[i % len(dtypes)]])):
-            params += [pytest.param(mode, *args, dt, id=f"{name}-{str(dt)[6:]}-{mode}",
+            params += [pytest.param(mode, *args, dt, id=f"{mode}-{name}-{str(dt)[6:]}",
                                     marks=(marks or {}).get(name, ())) for dt in picked]
     return params
 

@@ -14,13 +14,9 @@ batch. The overrideable op also takes a mask and grouped-query heads, so:
   split evenly, so each rank's query heads find their own kv head.
 
 DTensor also assumes a local result is laid out in memory as torch's meta kernel lays out
-the global one: it takes the DTensor's strides from the meta kernel and later views the
-local tensor by them (`reshape` that the strides allow becomes `view`). tpu results are
-contiguous, while torch's elementwise and attention kernels keep their input's layout: in
-HF Llama, `q.view(B, S, H, D).transpose(1, 2)` then rotary embedding, SDPA and
-`.transpose(1, 2).reshape(B, S, -1)` failed on the local tensor ("view size is not
-compatible"). So DTensor's `wrap` first lays each tpu result out as the meta kernel says
-(_patches.DTENSOR_WRAP: one copy, only where the orders differ).
+the global one (it views the local tensor by the meta strides): tpu results take their
+meta kernel's layout as CPU's do (eager/opcall.py), so HF Llama's `.transpose(1, 2)
+.reshape(B, S, -1)` after SDPA is a valid view of the local tensor too.
 
 Registration is lazy: `import torch` loads this package, and importing
 torch.distributed.tensor costs about 2 s, so the strategies go in when the user's code
@@ -40,8 +36,6 @@ import sys
 import warnings
 
 import torch
-
-from .. import _patches
 
 aten = torch.ops.aten
 _PACKAGE = "torch.distributed.tensor"
@@ -208,7 +202,6 @@ def register() -> bool:
         if propagator.op_strategy_funcs.get(op, fn) is not fn:
             continue  # a later torch knows this op itself: its strategy wins
         propagator.register_op_strategy(op, fn, None)
-    _patches.apply_with_dtensor()
     _state["registered"] = True
     return True
 

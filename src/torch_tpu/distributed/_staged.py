@@ -12,8 +12,10 @@ torch's PrivateUse1 ones and do for tpu what gloo does for CUDA:
   - copy the results back into the tpu tensors, in place, as c10d's contract is;
   - return what torch's kernel returns (the output tensors, a Work).
 tpu_dist groups never come here: they are Python ProcessGroups whose methods c10d calls
-directly. Functional collectives (`_c10d_functional.*`) over such groups get the same
+directly. Functional collectives (`_c10d_functional.*`) over a gloo group get the same
 staging from `functional()`, which `_functional.py` calls for any group that is not tpu_dist.
+Measured between 2 local processes here: an all_reduce of 4 KB takes ~2.4-2.9 ms staged
+against ~1.6 ms on CPU tensors; of 4 MB, ~12-13 ms against 4-6 ms (the two copies).
 
 Gloo is also declared a backend of the tpu device (as it is of CUDA), so a gloo group
 answers `_get_backend(tpu)`: `batch_isend_irecv`, FSDP2's buffer allocation and
@@ -30,7 +32,7 @@ the calling thread's eager executor. So:
     the kernel would deadlock two ranks that both send before they receive;
   - `recv` returns at once; its copy back runs in the Work's `wait()`
     (c10d's PythonCallbackWork). Its `get_future()` completes only when `wait()` is called;
-  - `recv` from any source waits in the kernel and returns gloo's Work, which names the
+  - `recv` from any source waits in the kernel and returns a completed Work that names the
     source rank (`dist.recv(src=None)` reads it).
 
 Registering kernels over torch's own is an override of torch internals, written against
@@ -39,6 +41,8 @@ differs is left to torch (with a warning), and tests/test_gloo_staging.py fails 
 """
 from __future__ import annotations
 
+import collections
+import re
 import warnings
 
 import torch
@@ -58,66 +62,73 @@ IN = "in"              # read only (send; barrier's placeholder): nothing comes 
 RECV = "recv"          # written by a receive: copied back when the Work is waited
 ANY_SOURCE = "any"     # written by a receive from any rank: copied back in the kernel
 
-_PG = "__torch__.torch.classes.c10d.ProcessGroup"
-_W = "__torch__.torch.classes.c10d.Work"
-_R = "__torch__.torch.classes.c10d.ReduceOp"
+
+def _schema(text: str) -> str:
+    """An op's schema as torch prints it, from `text` with c10d's classes named briefly."""
+    return "c10d::" + re.sub(r"\b(ProcessGroup|ReduceOp|Work)\b",
+                             r"__torch__.torch.classes.c10d.\1", text)
+
+
 # op name -> (its first argument, its schema in torch 2.13.0)
 SCHEMAS = {
-    "allreduce_": (INOUT, f"c10d::allreduce_(Tensor[] tensors, {_PG} process_group, {_R} "
-                          f"reduce_op, Tensor? sparse_indices, bool async_op=True, int "
-                          f"timeout=-1) -> (Tensor[], {_W})"),
-    "allreduce_coalesced_": (INOUT, f"c10d::allreduce_coalesced_(Tensor[] tensors, {_PG} "
-                                    f"process_group, {_R} reduce_op, bool async_op=True, int "
-                                    f"timeout=-1) -> {_W}"),
-    "broadcast_": (INOUT, f"c10d::broadcast_(Tensor[] tensors, {_PG} process_group, int "
-                          f"root_rank, int root_tensor, bool async_op=True, int timeout=-1) "
-                          f"-> (Tensor[], {_W})"),
-    "reduce_": (INOUT, f"c10d::reduce_(Tensor[] tensors, {_PG} process_group, {_R} "
-                       f"reduce_op, int root_rank, int root_tensor, bool async_op=True, int "
-                       f"timeout=-1) -> {_W}"),
-    "allgather_": (OUT, f"c10d::allgather_(Tensor[][] output_tensors, Tensor[] input_tensors, "
-                        f"{_PG} process_group, bool async_op=True, int timeout=-1) -> "
-                        f"(Tensor[][], {_W})"),
-    "_allgather_base_": (OUT, f"c10d::_allgather_base_(Tensor output_tensor, Tensor "
-                              f"input_tensor, {_PG} process_group, bool async_op=True, int "
-                              f"timeout=-1) -> (Tensor, {_W})"),
-    "allgather_coalesced_": (OUT, f"c10d::allgather_coalesced_(Tensor[][] output_lists, "
-                                  f"Tensor[] input_list, {_PG} process_group, bool "
-                                  f"async_op=True) -> {_W}"),
-    "allgather_into_tensor_coalesced_": (OUT, f"c10d::allgather_into_tensor_coalesced_("
-                                              f"Tensor[] outputs, Tensor[] inputs, {_PG} "
-                                              f"process_group, bool async_op=True) -> {_W}"),
-    "gather_": (OUT, f"c10d::gather_(Tensor[][] output_tensors, Tensor[] input_tensors, {_PG} "
-                     f"process_group, int root_rank, bool async_op=True, int timeout=-1) -> "
-                     f"{_W}"),
-    "scatter_": (OUT, f"c10d::scatter_(Tensor[] output_tensors, Tensor[][] input_tensors, "
-                      f"{_PG} process_group, int root_rank, bool async_op=True, int "
-                      f"timeout=-1) -> (Tensor[], {_W})"),
-    "reduce_scatter_": (OUT, f"c10d::reduce_scatter_(Tensor[] output_tensors, Tensor[][] "
-                             f"input_tensors, {_PG} process_group, {_R} reduce_op, bool "
-                             f"async_op=True, int timeout=-1) -> (Tensor[], {_W})"),
-    "_reduce_scatter_base_": (OUT, f"c10d::_reduce_scatter_base_(Tensor output_tensor, "
-                                   f"Tensor input_tensor, {_PG} process_group, {_R} "
-                                   f"reduce_op, bool async_op=True, int timeout=-1) -> "
-                                   f"(Tensor, {_W})"),
-    "reduce_scatter_tensor_coalesced_": (OUT, f"c10d::reduce_scatter_tensor_coalesced_("
-                                              f"Tensor[] outputs, Tensor[] inputs, {_PG} "
-                                              f"process_group, {_R} reduce_op, bool "
-                                              f"async_op=True, int timeout=-1) -> {_W}"),
-    "alltoall_": (OUT, f"c10d::alltoall_(Tensor[] output_tensors, Tensor[] input_tensors, "
-                       f"{_PG} process_group, bool async_op=True, int timeout=-1) -> "
-                       f"(Tensor[], {_W})"),
-    "alltoall_base_": (OUT, f"c10d::alltoall_base_(Tensor output, Tensor input, {_PG} "
-                            f"process_group, int[] output_split_sizes, int[] "
-                            f"input_split_sizes, bool async_op=True, int timeout=-1) -> {_W}"),
-    "barrier": (IN, f"c10d::barrier(Tensor tensor, {_PG} process_group, int[] device_ids, "
-                    f"bool async_op=True, int timeout=-1) -> {_W}"),
-    "send": (IN, f"c10d::send(Tensor[] tensors, {_PG} process_group, int dst, int tag) -> "
-                 f"{_W}"),
-    "recv_": (RECV, f"c10d::recv_(Tensor[] tensors, {_PG} process_group, int src, int tag) "
-                    f"-> {_W}"),
-    "recv_any_source_": (ANY_SOURCE, f"c10d::recv_any_source_(Tensor[] tensors, {_PG} "
-                                     f"process_group, int tag) -> {_W}"),
+    "allreduce_": (INOUT, _schema(
+        "allreduce_(Tensor[] tensors, ProcessGroup process_group, ReduceOp reduce_op, "
+        "Tensor? sparse_indices, bool async_op=True, int timeout=-1) -> (Tensor[], Work)")),
+    "allreduce_coalesced_": (INOUT, _schema(
+        "allreduce_coalesced_(Tensor[] tensors, ProcessGroup process_group, ReduceOp "
+        "reduce_op, bool async_op=True, int timeout=-1) -> Work")),
+    "broadcast_": (INOUT, _schema(
+        "broadcast_(Tensor[] tensors, ProcessGroup process_group, int root_rank, int "
+        "root_tensor, bool async_op=True, int timeout=-1) -> (Tensor[], Work)")),
+    "reduce_": (INOUT, _schema(
+        "reduce_(Tensor[] tensors, ProcessGroup process_group, ReduceOp reduce_op, int "
+        "root_rank, int root_tensor, bool async_op=True, int timeout=-1) -> Work")),
+    "allgather_": (OUT, _schema(
+        "allgather_(Tensor[][] output_tensors, Tensor[] input_tensors, ProcessGroup "
+        "process_group, bool async_op=True, int timeout=-1) -> (Tensor[][], Work)")),
+    "_allgather_base_": (OUT, _schema(
+        "_allgather_base_(Tensor output_tensor, Tensor input_tensor, ProcessGroup "
+        "process_group, bool async_op=True, int timeout=-1) -> (Tensor, Work)")),
+    "allgather_coalesced_": (OUT, _schema(
+        "allgather_coalesced_(Tensor[][] output_lists, Tensor[] input_list, ProcessGroup "
+        "process_group, bool async_op=True) -> Work")),
+    "allgather_into_tensor_coalesced_": (OUT, _schema(
+        "allgather_into_tensor_coalesced_(Tensor[] outputs, Tensor[] inputs, ProcessGroup "
+        "process_group, bool async_op=True) -> Work")),
+    "gather_": (OUT, _schema(
+        "gather_(Tensor[][] output_tensors, Tensor[] input_tensors, ProcessGroup "
+        "process_group, int root_rank, bool async_op=True, int timeout=-1) -> Work")),
+    "scatter_": (OUT, _schema(
+        "scatter_(Tensor[] output_tensors, Tensor[][] input_tensors, ProcessGroup "
+        "process_group, int root_rank, bool async_op=True, int timeout=-1) -> "
+        "(Tensor[], Work)")),
+    "reduce_scatter_": (OUT, _schema(
+        "reduce_scatter_(Tensor[] output_tensors, Tensor[][] input_tensors, ProcessGroup "
+        "process_group, ReduceOp reduce_op, bool async_op=True, int timeout=-1) -> "
+        "(Tensor[], Work)")),
+    "_reduce_scatter_base_": (OUT, _schema(
+        "_reduce_scatter_base_(Tensor output_tensor, Tensor input_tensor, ProcessGroup "
+        "process_group, ReduceOp reduce_op, bool async_op=True, int timeout=-1) -> "
+        "(Tensor, Work)")),
+    "reduce_scatter_tensor_coalesced_": (OUT, _schema(
+        "reduce_scatter_tensor_coalesced_(Tensor[] outputs, Tensor[] inputs, ProcessGroup "
+        "process_group, ReduceOp reduce_op, bool async_op=True, int timeout=-1) -> Work")),
+    "alltoall_": (OUT, _schema(
+        "alltoall_(Tensor[] output_tensors, Tensor[] input_tensors, ProcessGroup "
+        "process_group, bool async_op=True, int timeout=-1) -> (Tensor[], Work)")),
+    "alltoall_base_": (OUT, _schema(
+        "alltoall_base_(Tensor output, Tensor input, ProcessGroup process_group, int[] "
+        "output_split_sizes, int[] input_split_sizes, bool async_op=True, int timeout=-1) "
+        "-> Work")),
+    "barrier": (IN, _schema(
+        "barrier(Tensor tensor, ProcessGroup process_group, int[] device_ids, bool "
+        "async_op=True, int timeout=-1) -> Work")),
+    "send": (IN, _schema(
+        "send(Tensor[] tensors, ProcessGroup process_group, int dst, int tag) -> Work")),
+    "recv_": (RECV, _schema(
+        "recv_(Tensor[] tensors, ProcessGroup process_group, int src, int tag) -> Work")),
+    "recv_any_source_": (ANY_SOURCE, _schema(
+        "recv_any_source_(Tensor[] tensors, ProcessGroup process_group, int tag) -> Work")),
 }
 
 
@@ -183,6 +194,54 @@ def _future_value(work, st: _Staging, fallback):
     return st.originals(value)
 
 
+def _copy_back_once(work, st: _Staging, out):
+    """A receive's wait(): gloo's own, then the copy back. Only the first call waits for
+    gloo, whose receive work waits for a further message each time it is waited."""
+    done = []
+
+    def wait(timeout):
+        if not done:
+            done.append(work.wait(timeout))
+            st.write_back(out)
+        return done[0]
+    return wait
+
+
+class _Received(dist.Work):
+    """A completed receive from any source: `dist.recv(src=None)` waits on it and then asks
+    it for the sender. Gloo's own work cannot serve, as each wait of it waits for a
+    further message; c10d's completed works know no source rank. It is a Python subclass
+    (c10d's PyWork trampoline), which works only while the Python object is alive:
+    `_RETURNING` holds each until the caller has it, as the dispatcher carries it back to
+    Python as a C++ pointer."""
+
+    def __init__(self, src: int, tensors):
+        super().__init__()
+        self._src, self._tensors = src, tensors
+        _RETURNING.append(self)
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def _source_rank(self):
+        return self._src
+
+    source_rank = _source_rank
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(self._tensors)
+        return fut
+
+
+# The last receives from any source, kept alive until their caller holds them: the
+# dispatcher hands each to its caller as soon as the kernel returns, so a short ring will do.
+_RETURNING: collections.deque = collections.deque(maxlen=64)
+
+
 def _c10d_kernel(op, first: str):
     def kernel(*args):
         # Torch drops trailing arguments left at their defaults before calling a Python
@@ -196,15 +255,11 @@ def _c10d_kernel(op, first: str):
             return result  # gloo's Work holds the host copy until the send completes
         work = dist.Work.unbox(boxed)
         if first == RECV:
-            def wait(timeout):
-                ok = work.wait(timeout)
-                st.write_back(out)
-                return ok
-            return PythonCallbackWork(wait).boxed()
+            return PythonCallbackWork(_copy_back_once(work, st, out)).boxed()
         work.wait()
         st.write_back(out)
         if first == ANY_SOURCE:
-            return boxed
+            return _Received(work._source_rank(), args[0]).boxed()
         done = _work(_future_value(work, st, args[0])).boxed()
         return (args[0], done) if isinstance(result, tuple) else done
     kernel.__name__ = f"staged_{op._schema.name.split('::')[1]}"
@@ -238,8 +293,8 @@ def install() -> None:
         return
     _LIB = torch.library.Library("c10d", "IMPL")
     for name, (first, schema) in SCHEMAS.items():
-        op = getattr(torch.ops.c10d, name).default
-        if str(op._schema) != schema:
+        op = getattr(torch.ops.c10d, name).default if hasattr(torch.ops.c10d, name) else None
+        if op is None or str(op._schema) != schema:
             SCHEMA_CHANGED.append(name)
             continue
         with warnings.catch_warnings():

@@ -13,8 +13,10 @@ kernel (cuda/fused_adam_utils.cuh) writes the same math in another order (a hand
 lerp, `param -= lr * wd * param`), which differs from foreach by an ulp here and there;
 matching foreach keeps switching between the two a no-op. The hyperparameter arithmetic
 (bias corrections, `1 - lr * wd`, `-lr`) is done in float64, as the foreach path does it
-on Python floats, from the float32 step counts the optimizer keeps. What follows torch's
-fused kernels rather than foreach:
+on Python floats, from the float32 step counts the optimizer keeps; those floats are
+traced arguments (`traced_floats`), so a schedule's new lr reuses the program. Each op's
+result is kept rounded as that op stores it (`_stored`): XLA would otherwise fuse a
+product into the add after it. What follows torch's fused kernels rather than foreach:
   - 16-bit tensors are computed in float32 from load to store (foreach rounds after
     every op);
   - GradScaler's inputs: grads are divided by `grad_scale` and that unscaled grad is
@@ -29,6 +31,7 @@ from jax._src.lax import lax as _lax_internal
 from . import pointwise  # noqa: F401  (registers the element ops used below)
 from ._dtypes import to_opmath
 from .registry import LOWERINGS, aten, lowering, traced_floats
+
 
 def _stored(x):
     """`x` rounded as a foreach op's result is when it is stored. Inside one program XLA
