@@ -140,6 +140,8 @@ def run_script(script, env=None, nproc=None, timeout=600):
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         pytest.fail(f"{script} ran past {timeout} s:\n{out[-6000:]}")
-    results = [json.loads(line[len("RESULT "):]) for line in out.splitlines()
-               if line.startswith("RESULT ")]
+    # raw_decode: another rank's output may run on after the object on the same line
+    decode = json.JSONDecoder().raw_decode
+    results = [decode(line[line.index("RESULT ") + 7:])[0] for line in out.splitlines()
+               if "RESULT {" in line]
     return proc.returncode, out, sorted(results, key=lambda r: r["rank"])

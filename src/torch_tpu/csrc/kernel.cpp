@@ -8,9 +8,9 @@
 // `execute(plan, vals)`, the reference path: the other modes, a cache miss, what scan
 // leaves to Python, ops run at once (data-dependent shapes), and every flush.
 //
-// The current executor, as modes.executor() would say: this thread's innermost
+// The current executor, as eager/current.py executor() would say: this thread's innermost
 // `eager_mode` block's (set_thread_executor), else the global one while no block is open
-// on any thread (set_executor), else modes.executor() is asked (threads Python did not
+// on any thread (set_executor), else current.executor() is asked (threads Python did not
 // start follow the blocks open elsewhere). Executors live as long as the process, so
 // these are borrowed.
 //
@@ -159,7 +159,7 @@ struct KernelObject {
 
 thread_local PyObject* t_current = nullptr;  // this thread's eager_mode block's executor
 PyObject* g_current = nullptr;  // the executor of every thread without a block, or null
-PyObject* g_executor_fn = nullptr;  // modes.executor
+PyObject* g_executor_fn = nullptr;  // eager/current.py executor
 PyObject* g_defer = nullptr;        // the DeferExecutor
 LoopObject* g_loop = nullptr;       // and its loop detector
 PyObject* g_counters = nullptr;     // metrics.counters
