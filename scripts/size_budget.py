@@ -11,9 +11,9 @@ import pathlib
 import sys
 
 FILE_LIMIT = 650
-# 18.6k lines at the start of the layering refactor (issue 13), 19.4k during it; the
-# budget leaves ~15% over the latter.
-TOTAL_BUDGET = 22_500
+# 18.6k lines before the layering refactor of issue 13, 20.4k during it: ~15% headroom
+# over the latter.
+TOTAL_BUDGET = 23_500
 SUFFIXES = {".py", ".cpp", ".h"}
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "src" / "torch_tpu"
 

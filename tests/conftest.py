@@ -48,15 +48,44 @@ def eager(request):
 
 
 # ---------------------------------------------------------------- slow / distributed
-# Marks for tests whose files do not carry them on their own lines (pyproject.toml
-# registers both; `bash scripts/test.sh --fast` leaves them out): file -> mark -> test
+# pyproject.toml registers both marks; `bash scripts/test.sh --fast` leaves them out.
+# Marks for tests whose files do not carry them on their own lines: file -> mark -> test
 # function names (every parametrized case of each).
 SUITE_MARKS = {
+    "test_c_contracts.py": {"slow": {"test_defer_training_step_same_with_the_c_fast_path_off"}},
     "test_config.py": {"slow": {"test_import_time_settings_in_a_fresh_process"}},
+    "test_cuda_swap.py": {"slow": {"test_swapped_script_trains_as_on_cpu"}},
+    "test_dtensor_attention.py": {"slow": {"test_registered_lazily"}},
     "test_integrations.py": {"slow": {"test_patched_only_when_accelerate_is_imported"}},
     "test_patches.py": {"slow": {"test_print_and_save_of_tpu_tensors"}},
-    "test_trainer.py": {"distributed": {"test_trainer_ddp_torchrun_matches_cpu_gloo"}},
 }
+
+
+def _sample_the_matrices(items) -> None:
+    """--fast samples the two test matrices (CI runs them whole): the eager-mode matrix
+    (the `eager` fixture) in DeferAndFuse only, which runs each op's lowering and also its
+    C recording path (Strict runs in the other --fast tests); and a test parametrized over
+    torch dtypes at one dtype per case (float32 where it has it, else its first), so every
+    op still runs. Together about 2/3 of the op-family tests' time."""
+    kept = {}
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("eager") == "strict":
+            item.add_marker("slow")
+        dtype = params.get("dtype")
+        if not isinstance(dtype, torch.dtype):
+            continue
+        # the same test with the same other arguments (parametrize reuses the objects)
+        key = (item.path, item.originalname,
+               tuple(sorted((k, id(v)) for k, v in params.items() if k != "dtype")))
+        first = kept.get(key)
+        if first is None or (dtype == torch.float32 and first[1] != torch.float32):
+            kept[key] = (item, dtype)
+    keep = {id(item) for item, _ in kept.values()}
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if isinstance(params.get("dtype"), torch.dtype) and id(item) not in keep:
+            item.add_marker("slow")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
@@ -74,3 +103,4 @@ def pytest_collection_modifyitems(config, items):
         missing = {n for names in SUITE_MARKS[file].values() for n in names} - set(vars(module))
         if missing:
             raise pytest.UsageError(f"tests/conftest.py SUITE_MARKS: {file} has no {sorted(missing)}")
+    _sample_the_matrices(items)

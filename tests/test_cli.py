@@ -41,6 +41,7 @@ def test_info_reports_versions_platform_mode_and_lowerings():
     assert int(f["lowerings"]) > 0
 
 
+@pytest.mark.slow  # (a fresh interpreter per case)
 @pytest.mark.parametrize("argv, bad", [(["nope"], "nope"), (["bench", "nope"], "nope")])
 def test_unknown_command_is_a_clear_error(argv, bad):
     r = run_cli(*argv, timeout=300)
@@ -48,6 +49,7 @@ def test_unknown_command_is_a_clear_error(argv, bad):
     assert "invalid choice" in r.stderr and bad in r.stderr
 
 
+@pytest.mark.slow
 def test_bench_ops_runs_without_writing_docs():
     r = run_cli("bench", "ops", "--rounds", "2", "--reps", "2", "--no-llama", "--no-write")
     assert r.returncode == 0, r.stderr[-3000:]

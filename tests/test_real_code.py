@@ -172,6 +172,7 @@ CRASH_CASES = {
 }
 
 
+@pytest.mark.slow  # a fresh interpreter per case (~3 s each)
 @pytest.mark.parametrize("name", sorted(CRASH_CASES))
 def test_no_operation_crashes_the_interpreter(name):
     code = "import torch, torch_tpu\n" + CRASH_CASES[name] + "\nprint('OK')\n"

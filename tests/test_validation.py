@@ -55,6 +55,7 @@ def _op_params():
     return params
 
 
+@pytest.mark.slow  # the OpInfo subset (the op-family tests cover each op in --fast)
 @pytest.mark.parametrize("opinfo, dtype", _op_params())
 def test_op_matches_cpu(opinfo, dtype):
     r = ops.check_pair(opinfo, dtype, "strict", max_samples=SAMPLES)
