@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-accelerate = pytest.importorskip("accelerate")
+import accelerate  # noqa: E402  (pinned in requirements-dev.txt)
 from accelerate.state import PartialState  # noqa: E402
 from accelerate.utils import DistributedType  # noqa: E402
 

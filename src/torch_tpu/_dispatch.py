@@ -2,7 +2,7 @@
 copy_ across devices, whole-storage fills, item(), and the boxed fallback for the tail.
 
 A lowered op's kernel is a C object (`_C.OpKernel`, csrc/kernel.cpp) registered as a boxed
-C++ kernel (csrc/tpu_ext.cpp), so the dispatcher calls it with no Python frame; the few
+C++ kernel (csrc/dispatch.cpp), so the dispatcher calls it with no Python frame; the few
 kernels left in Python are the out= variants, the copies, fills and the fallback. View,
 empty and resize kernels are C++ too: views are half the ops of a training step and
 torch's own at::native view kernels do them in under a microsecond.
@@ -104,7 +104,7 @@ def _register(op, kernel, seen):
     seen.add(op)
     schema = op._schema
     if isinstance(kernel, _C.OpKernel) and _C.register_op_kernel(schema.name, schema.overload_name, kernel):
-        return  # the dispatcher calls the C kernel with no Python holder (csrc/tpu_ext.cpp)
+        return  # the dispatcher calls the C kernel with no Python holder (csrc/dispatch.cpp)
     _LIB.impl(op, kernel, "PrivateUse1")
 
 

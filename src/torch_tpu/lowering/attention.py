@@ -1,6 +1,6 @@
 """Scaled dot-product attention as one op each way: torch's "overrideable" SDPA backend.
 
-`F.scaled_dot_product_attention` on tpu tensors picks this backend (csrc/tpu_ext.cpp,
+`F.scaled_dot_product_attention` on tpu tensors picks this backend (csrc/dispatch.cpp,
 `sdp_choice`) instead of the math path's dozen small ops; torch's autograd formula
 connects the forward to its backward. The values follow the math path:
 softmax(q @ k^T * scale + mask) @ v, with

@@ -176,9 +176,16 @@ def _min_dim(self, dim, keepdim=False):
 
 
 # ---------------------------------------------------------------- statistics
+def _inexact_only(x, message):
+    """torch rejects integer input here (its meta kernels do not, so the lowering does)."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        raise RuntimeError(message)
+
+
 def _var(x, axes, correction, keepdim):
     """Two-pass variance with torch's divisor max(0, N - correction) (correction=None is 1);
     complex input gives the real variance of |x - mean|."""
+    _inexact_only(x, "std and var only support floating point and complex dtypes")
     x = _float_acc(x)
     centered = x - jnp.mean(x, axis=axes, keepdims=True)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):
@@ -305,6 +312,8 @@ def _complex_logaddexp(a, b):
 
 @lowering(aten.logcumsumexp.default, aten._logcumsumexp.default)
 def _logcumsumexp(self, dim):
+    _inexact_only(self, f"logcumsumexp: not implemented for '{self.dtype}' (torch has no "
+                        f"integer kernel on CPU or CUDA)")
     x = _float_acc(self)
     if x.ndim == 0:
         return x
