@@ -31,7 +31,7 @@ still wins:
     here; this sets tpu:{local_process_index % device_count()} and `torch.tpu.set_device`,
     as accelerate's generic branch does for its other devices.
 
-The wrappers are installed when `accelerate.state` is first executed (a one-shot finder on
+The wrappers are installed when `accelerate.state` is first executed (`_on_import`, a finder on
 `sys.meta_path`), so `import torch_tpu` imports nothing of accelerate. They are `_patches.Patch`
 objects, like the patches of torch internals, each with the signature of what it wraps in
 accelerate 1.15.0 (`WRITTEN_AGAINST`); on a mismatch nothing is patched (with a warning), and
@@ -39,13 +39,12 @@ tests/test_integrations.py fails.
 """
 from __future__ import annotations
 
-import importlib.abc
 import inspect
-import sys
 import warnings
 
 import torch
 
+from .. import _on_import
 from .._patches import Patch
 
 WRITTEN_AGAINST = "1.15.0"
@@ -138,46 +137,6 @@ def _patch() -> None:
         p.apply()
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    """accelerate.state's own loader, with the patch applied once its code has run."""
-
-    def __init__(self, inner):
-        self._inner = inner
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        _patch()
-
-    def __getattr__(self, name):  # get_source, get_resource_reader, ... stay the inner's
-        return getattr(self._inner, name)
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _MODULE:
-            return None
-        sys.meta_path.remove(self)  # one shot: the module is found by the other finders
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _PatchingLoader(spec.loader)
-        return spec
-
-
 def install() -> None:
     """Patch accelerate now if it is loaded, else as soon as it is."""
-    module = sys.modules.get(_MODULE)
-    if module is not None:
-        if hasattr(module, "PartialState"):
-            _patch()
-        return
-    if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+    _on_import.when_imported(_MODULE, _patch, lambda m: hasattr(m, "PartialState"))

@@ -20,7 +20,7 @@ meta kernel's layout as CPU's do (eager/opcall.py), so HF Llama's `.transpose(1,
 
 Registration is lazy: `import torch` loads this package, and importing
 torch.distributed.tensor costs about 2 s, so the strategies go in when the user's code
-first imports it (a one-shot import hook), or at once if it already has.
+first imports it (`_on_import.when_imported`), or at once if it already has.
 
 The calls into DTensor are private API, written against torch 2.13.0. `check_internals()`
 compares them with the installed torch: on a mismatch registration warns and does nothing
@@ -32,10 +32,11 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import inspect
-import sys
 import warnings
 
 import torch
+
+from .. import _on_import
 
 aten = torch.ops.aten
 _PACKAGE = "torch.distributed.tensor"
@@ -66,7 +67,7 @@ _FORWARD_OUTPUTS = 9
 _BACKWARD_ACTIVATIONS = (0, 1, 2, 3, 6, 7)
 _BACKWARD_MASK = 4
 
-_state = {"registered": False, "hook": None}
+_state = {"registered": False}
 
 
 def _resolve(module_name: str, attribute: str):
@@ -206,55 +207,7 @@ def register() -> bool:
     return True
 
 
-class _Loader(importlib.abc.Loader):
-    """The package's own loader, then register(); afterwards the module and its spec
-    point at the original loader again."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        module.__loader__ = module.__spec__.loader = self._loader
-        try:
-            register()
-        except Exception as e:  # never break the user's import over this
-            warnings.warn(f"torch_tpu: DTensor attention sharding not registered: {e!r}",
-                          RuntimeWarning, stacklevel=2)
-
-
-class _OnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing; on the first import of torch.distributed.tensor it leaves
-    sys.meta_path and hands the real spec back with a loader that registers after."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != _PACKAGE:
-            return None
-        _remove_hook()
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _Loader(spec.loader)
-                return spec
-        return None
-
-
-def _remove_hook() -> None:
-    hook, _state["hook"] = _state["hook"], None
-    if hook is not None and hook in sys.meta_path:
-        sys.meta_path.remove(hook)
-
-
 def install() -> None:
     """Register now if torch.distributed.tensor is loaded, else when it first is."""
-    module = sys.modules.get(_PACKAGE)
-    if module is not None and hasattr(module, "DTensor"):
-        register()
-    elif _state["hook"] is None and not _state["registered"]:
-        _state["hook"] = _OnImport()
-        sys.meta_path.insert(0, _state["hook"])
+    if not _state["registered"]:
+        _on_import.when_imported(_PACKAGE, register, lambda m: hasattr(m, "DTensor"))
