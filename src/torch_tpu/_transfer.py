@@ -80,15 +80,6 @@ def _fallback_arg(t):
     return to_cpu(t).clone() if t.device.type == "tpu" else t
 
 
-def to_tpu_tree(v):
-    """Host tensors in an op's result (tree) uploaded to tpu."""
-    if isinstance(v, torch.Tensor) and v.device.type == "cpu":
-        return upload(v)
-    if isinstance(v, (list, tuple)):
-        return type(v)(to_tpu_tree(x) for x in v)
-    return v
-
-
 def upload(src: torch.Tensor) -> torch.Tensor:
     """A CPU tensor -> a new contiguous tpu tensor with the same values."""
     src = src.contiguous()
