@@ -286,27 +286,8 @@ def _models(dev, rank, world):
         g = torch.Generator().manual_seed(100 * step + rank)
         return torch.randn(6, 8, generator=g).to(dev), torch.randn(6, 4, generator=g).to(dev)
 
-    def ddp():
-        model = DDP(net().to(dev), bucket_cap_mb=1e-4)  # several buckets
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        for step in range(3):
-            x, y = batch(step)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(round(loss.item(), 5))
-        return [losses, round(sum(p.sum().item() for p in model.parameters()), 4)]
-
-    def fsdp2():
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        model = net().to(dev)
-        mesh = init_device_mesh(dev, (world,))
-        for layer in (model[0], model[2], model):
-            fully_shard(layer, mesh=mesh)
+    def train(model):
+        """3 SGD steps; the rounded losses."""
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         losses = []
         for step in range(3):
@@ -317,6 +298,21 @@ def _models(dev, rank, world):
             opt.step()
             losses.append(round(loss.item(), 5))
         return losses
+
+    def ddp():
+        model = DDP(net().to(dev), bucket_cap_mb=1e-4)  # several buckets
+        losses = train(model)
+        return [losses, round(sum(p.sum().item() for p in model.parameters()), 4)]
+
+    def fsdp2():
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = net().to(dev)
+        mesh = init_device_mesh(dev, (world,))
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh)
+        return train(model)
 
     def dtensor_tensor_parallel():
         from torch.distributed.device_mesh import init_device_mesh
