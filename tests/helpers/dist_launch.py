@@ -140,8 +140,12 @@ def run_script(script, env=None, nproc=None, timeout=600):
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         pytest.fail(f"{script} ran past {timeout} s:\n{out[-6000:]}")
-    # raw_decode: another rank's output may run on after the object on the same line
+    # every `RESULT {json}` anywhere in the output: the ranks share one pipe, and an
+    # unbuffered print writes its text and its newline separately, so two ranks' results
+    # (or a warning) can share a line
     decode = json.JSONDecoder().raw_decode
-    results = [decode(line[line.index("RESULT ") + 7:])[0] for line in out.splitlines()
-               if "RESULT {" in line]
+    results, at = [], out.find("RESULT {")
+    while at >= 0:
+        results.append(decode(out, at + 7)[0])
+        at = out.find("RESULT {", at + 7)
     return proc.returncode, out, sorted(results, key=lambda r: r["rank"])
