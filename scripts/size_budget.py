@@ -12,8 +12,9 @@ import sys
 
 FILE_LIMIT = 650
 # 18.6k lines before the layering refactor of issue 13, 20.4k during it: ~15% headroom
-# over the latter.
-TOTAL_BUDGET = 23_500
+# over the latter. Raised to 28k for issues 15-18 (dynamic shapes, device-side asserts,
+# memory accounting, custom kernels, observability): new mechanisms, not growth of old ones.
+TOTAL_BUDGET = 28_000
 SUFFIXES = {".py", ".cpp", ".h"}
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "src" / "torch_tpu"
 

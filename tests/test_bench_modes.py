@@ -41,6 +41,12 @@ def test_measuring_functions_and_report():
     assert rec.flushed_while_recording == 0
     assert rec.us["defer_record"] > 0 and rec.us["strict_dispatch"] > 0
 
-    text = modes_report.render([train, infer], rec, TINY, {modes.TRAIN: 1, modes.INFER: 1, "record": 2}, 1.0)
+    asserts = modes.measure_asserts(base, TINY, rounds=1, warmup=0)
+    assert not asserts.errors, asserts.errors
+    assert all(min(on) > 0 and min(off) > 0 for on, off in asserts.samples.values())
+
+    text = modes_report.render([train, infer], rec, TINY, {modes.TRAIN: 1, modes.INFER: 1, "record": 2}, 1.0,
+                               asserts)
+    assert "### Device-side asserts" in text and "device-side asserts, Llama train, Strict" in text
     assert "| Llama | train |" in text and "| Llama | infer |" in text
     assert "DeferAndFuse recording" in text

@@ -129,6 +129,11 @@ SCAN_CASES = {
     "transposed views": (True, lambda: (aten.add.Tensor, (_t(2, 3).t(), _t(2, 3).t()), {})),
     "offset strided view, number for a tensor": (
         True, lambda: (aten.mul.Tensor, (_t(4, 6)[1:, ::2], 2.0), {})),
+    "slice at offset 0 (offset as data)": (True, lambda: (aten.mul.Tensor, (_t(8, 4)[0:3], _t(3, 4)), {})),
+    "write into a slice (offset as data)": (
+        True, lambda: (aten.add_.Tensor, (_t(8, 4)[2:5], _t(3, 4)), {})),
+    "bitcast view at an offset (offset in the key)": (
+        True, lambda: (aten.bitwise_and.Scalar, (_t(6).view(torch.int32)[2:], 1), {})),
     "expanded view (stride 0)": (True, lambda: (aten.add.Tensor, (_t(2, 3), _t(1, 3).expand(2, 3)), {})),
     "bitcast view": (True, lambda: (aten.bitwise_and.Scalar, (_t(6).view(torch.int32), 1), {})),
     "int tensor, int number": (True, lambda: (aten.add.Tensor, (_tpu(torch.arange(4)), 3), {})),

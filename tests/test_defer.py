@@ -237,8 +237,15 @@ def test_error_during_flush_names_op_and_line():
     from torch_tpu import _dispatch
     from torch_tpu.lowering import registry
 
+    traces = []
+
     def bad_lowering(x):
-        raise ValueError("deliberately broken lowering")
+        # the op's first trace (its shapes, when the call is first seen) passes: the
+        # failure shows only in the fused program the flush traces
+        traces.append(1)
+        if len(traces) > 1:
+            raise ValueError("deliberately broken lowering")
+        return x
 
     registry.LOWERINGS[op] = bad_lowering
     try:
@@ -249,6 +256,32 @@ def test_error_during_flush_names_op_and_line():
             with pytest.raises(RuntimeError, match=r"broken.*test_defer.py:\d+.*deliberately"):
                 y.cpu()
         assert (torch.ones(2, device="tpu") + 1).sum().item() == 4  # the process goes on
+    finally:
+        del registry.LOWERINGS[op]
+
+
+def test_a_lowering_that_refuses_its_input_raises_at_the_call():
+    """The first call of a signature traces the lowering, so what it refuses raises in the
+    `try` around the call (as torch's RuntimeError), and the ops recorded before it stay."""
+    lib = torch.library.Library("torch_tpu_defer_test2", "DEF")
+    lib.define("refuses(Tensor x) -> Tensor")
+    lib.impl("refuses", lambda x: x.clone(), "Meta")
+    op = torch.ops.torch_tpu_defer_test2.refuses.default
+    from torch_tpu import _dispatch
+    from torch_tpu.lowering import registry
+
+    def refusing_lowering(x):
+        raise ValueError("this input is refused")
+
+    registry.LOWERINGS[op] = refusing_lowering
+    try:
+        impl = torch.library.Library("torch_tpu_defer_test2", "IMPL")  # kept alive: it holds the kernel
+        impl.impl("refuses", _dispatch._kernel(_dispatch.plan_for(op)), "PrivateUse1")
+        with torch_tpu.eager_mode(DEFER):
+            before = torch.ones(3, device="tpu") * 2
+            with pytest.raises(RuntimeError, match="refuses: this input is refused"):
+                op(torch.ones(3, device="tpu"))
+            assert before.tolist() == [2.0, 2.0, 2.0]
     finally:
         del registry.LOWERINGS[op]
 

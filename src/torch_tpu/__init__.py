@@ -24,6 +24,7 @@ _dispatch.register()
 from .eager.modes import EagerMode, eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
 from .eager.debug import (  # noqa: E402
     TpuCpuMismatchError, TpuDebugError, TpuIndexError, TpuNonFiniteError)
+from .eager.asserts import DeviceAssertError  # noqa: E402  (CUDA's device-side assert)
 from .eager import modes as _modes  # noqa: E402
 from . import _config  # noqa: E402
 
@@ -46,12 +47,22 @@ _integrations.install()  # HF accelerate learns the device when it is imported
 
 set_cpu_fallback = _dispatch.set_cpu_fallback
 
+from . import _precision, _program_cache, profiler  # noqa: E402
+from ._program_cache import CacheMissError, RecompileWarning, set_cache_only  # noqa: E402
+
+torch_tpu_module.precision = _precision.precision  # torch.tpu.precision("high"): one block
+torch_tpu_module.compile_cache_stats = _program_cache.stats
+
+from ._internal import pallas as _pallas  # noqa: E402,F401  (the reference's _internal.pallas.jax_op)
+from ._kernels import jax_op  # noqa: E402  (custom kernels: a JAX or Pallas function as a torch op)
+
 
 def sync() -> None:
     """Run everything deferred so far and wait for it (same as torch.tpu.synchronize())."""
     torch_tpu_module.synchronize()
 
 
-__all__ = ["EagerMode", "TpuCpuMismatchError", "TpuDebugError", "TpuIndexError",
-           "TpuNonFiniteError", "eager_mode", "get_eager_mode", "metrics", "set_cpu_fallback",
-           "set_eager_mode", "sync"]
+__all__ = ["DeviceAssertError", "EagerMode", "TpuCpuMismatchError", "TpuDebugError", "TpuIndexError",
+           "TpuNonFiniteError", "eager_mode", "get_eager_mode", "jax_op", "metrics",
+           "set_cpu_fallback", "set_eager_mode", "sync"]
+__all__ += ["CacheMissError", "RecompileWarning", "profiler", "set_cache_only"]

@@ -1,4 +1,4 @@
-"""`python -m torch_tpu COMMAND`: info, demo, bench NAME, validate, settings.
+"""`python -m torch_tpu COMMAND`: info, demo, bench NAME, validate, settings, report.
 
 `COMMANDS` at the bottom is the dispatch table: name -> (help, add_arguments, main). A
 command in its own module is one line, `"name": ("help", *_module("torch_tpu.x"))`, where
@@ -114,6 +114,8 @@ COMMANDS = {
                  *_module("torch_tpu.validation.cli")),
     "settings": ("every TORCH_TPU_* setting: type, default, when it is read (--write: README)",
                  _add_settings_arguments, _settings_main),
+    "report": ("the program caches of the last runs: memory and disk hits, compile times",
+               *_module("torch_tpu._report")),
 }
 
 

@@ -3,7 +3,7 @@
 
 - `torch.backends.tpu.matmul.allow_tf32` (and `.fp32_precision`) is the float32 matmul
   precision, `torch.set_float32_matmul_precision`, which tpu's products read
-  (lowering/linalg.py): True is "high" (TF32-like accuracy: three bfloat16 passes on a
+  (_precision.py): True is "high" (TF32-like accuracy: three bfloat16 passes on a
   TPU), False is "highest" (full float32), exactly as torch maps the CUDA flag.
   XLA:CPU computes float32 products in float32 at every precision.
 - `matmul.allow_fp16_reduced_precision_reduction` / `allow_bf16_...`: stored, no effect;
@@ -12,12 +12,14 @@
   flags that only CUDA's kernel choice reads. tpu's attention takes its fused backend
   unless `torch.nn.attention.sdpa_kernel` leaves it out, so on tpu they change nothing.
 - `torch.backends.tpudnn` (cuDNN's flags; `s/cuda/tpu/` turns `cudnn` into `tpudnn`):
-  XLA has no cuDNN to configure, so `enabled`, `benchmark`, `benchmark_limit`,
-  `deterministic`, `allow_tf32` and `fp32_precision` are stored and read back but change
-  nothing: XLA picks its own kernels when it compiles (no run-time autotuning to turn
-  on), a compiled program gives the same result every run on the same input, and
-  float32 convolutions compute in full float32 (lowering/conv.py). `is_available()` is
-  False and `version()` None, as on a CPU-only torch build.
+  `allow_tf32` and `fp32_precision` are the float32 convolution precision, which
+  _precision.py reads: allow_tf32 True (cuDNN's default) lets convolutions follow the
+  matmul precision, False or fp32_precision "ieee" keeps them in full float32, "tf32" is
+  "high". XLA has no cuDNN to configure otherwise, so `enabled`, `benchmark`,
+  `benchmark_limit` and `deterministic` are stored and read back but change nothing: XLA
+  picks its own kernels when it compiles (no run-time autotuning to turn on), and a
+  compiled program gives the same result every run on the same input. `is_available()`
+  is False and `version()` None, as on a CPU-only torch build.
 """
 from __future__ import annotations
 

@@ -19,9 +19,12 @@ What is counted (torch_tpu.metrics), per process, through JAX's monitoring event
 Every executable a process obtains is exactly one of the two, so a second process that
 runs the same program shows `xla.compiles == 0`. (`executables_compiled`, counted by the
 eager executor, counts jitted functions it creates, whether or not XLA then compiles.)
+`watch()` hands the same outcomes, per executable, to whoever is compiling a program on
+this thread (_program_cache.py: the disk hits of each program).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pathlib
@@ -134,6 +137,21 @@ def disable() -> None:
     _state["dir"] = None
 
 
+@contextlib.contextmanager
+def watch():
+    """A list that receives (from_disk, seconds) for each executable this thread obtains
+    inside the block (nested blocks also pass theirs to the outer one)."""
+    outer = getattr(_hit, "events", None)
+    mine: list = []
+    _hit.events = mine
+    try:
+        yield mine
+    finally:
+        _hit.events = outer
+        if outer is not None:
+            outer.extend(mine)
+
+
 def _listen() -> None:
     if _state["listening"]:
         return
@@ -150,12 +168,16 @@ def _listen() -> None:
     def on_duration(event, seconds, **kwargs):
         if event == BACKEND_COMPILE_EVENT:
             # one event per executable obtained, after the cache lookup inside it
-            if getattr(_hit, "flag", False):
+            disk = getattr(_hit, "flag", False)
+            if disk:
                 _hit.flag = False
                 metrics.count("xla.cache_hits")
             else:
                 metrics.count("xla.compiles")
             metrics.counters["xla.compile_ms"] += int(seconds * 1000)
+            events = getattr(_hit, "events", None)
+            if events is not None:
+                events.append((disk, seconds))
 
     monitoring.register_event_listener(on_event)
     monitoring.register_event_duration_secs_listener(on_duration)

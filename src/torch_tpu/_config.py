@@ -13,6 +13,9 @@ One parsing rule per type:
               variable)
   str         unset or blank: the default; otherwise the value, stripped
   path        unset: the default; blank or "0": None (off); otherwise the path, `~` expanded
+  bytes       unset or blank: the default; otherwise a count of bytes: a whole number, or
+              a number with a unit, KiB MiB GiB TiB (powers of 1024) or KB MB GB TB
+              (powers of 1000), any case ("8GiB", "1.5 GB", "268435456")
 
 `get` reads the environment on every call. When it is called is each setting's `read`:
 a setting read at import keeps the value it had then; one read per op follows the
@@ -33,7 +36,9 @@ INIT_PROCESS_GROUP = "init_process_group"
 TORCHRUN_START = "device start (torchrun)"  # once, as the backend starts under torchrun
 
 _FALSE = ("", "0", "false", "off", "no")
-_TYPES = ("bool", "int", "float", "str", "path")
+_TYPES = ("bool", "int", "float", "str", "path", "bytes")
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +65,27 @@ class Setting:
             return self.parse(None)
         if self.type == "str":
             return value
+        if self.type == "bytes":
+            return self._bytes(raw, value)
         try:
             return int(value) if self.type == "int" else float(value)
         except ValueError:
             raise ValueError(f"{self.name}={raw!r}: expected {'an' if self.type == 'int' else 'a'}"
                              f" {self.type}") from None
+
+    def _bytes(self, raw: str, value: str) -> int:
+        if value.isdigit():
+            return int(value)
+        number = value.rstrip("bBkKmMgGtTiI ")
+        unit = value[len(number):].strip().lower() or "b"
+        try:
+            n = float(number) * _UNITS[unit]
+        except (KeyError, ValueError):
+            raise ValueError(f"{self.name}={raw!r}: expected a size in bytes, such as 268435456, "
+                             f"8GiB or 512MiB (units: {', '.join(_UNITS)})") from None
+        if not 0 <= n < 2**63:  # (negative, NaN, infinite)
+            raise ValueError(f"{self.name}={raw!r}: expected a size in bytes from 0 to 2**63")
+        return int(n)
 
     def shown_default(self) -> str:
         if self.default_doc is not None:
@@ -98,6 +119,12 @@ _DECLARED = [
     Setting("TORCH_TPU_DEBUG_CPU_CHECK", "bool", False, PER_OP,
             "Debug mode: every op runs again on CPU, and a result that differs beyond the "
             "dtype's tolerance raises `TpuCpuMismatchError`"),
+    Setting("TORCH_TPU_DEVICE_ASSERTS", "bool", True, IMPORT,
+            "Strict and DeferAndFuse: indexing ops (index, gather, scatter, index_put, "
+            "embedding, take, nll_loss targets, ...) compute an on-device validity flag, and "
+            "an index out of range raises `DeviceAssertError` (\"device-side assert "
+            "triggered\", a RuntimeError) at the next synchronization, naming the op and the "
+            "line (Debug raises at the call regardless)"),
     Setting("TORCH_TPU_C_FAST_PATH", "bool", True, IMPORT,
             "the eager hot path's C copies of Python mechanisms: the argument scan "
             "(csrc/scan.cpp) and DeferAndFuse recording with no Python frame (csrc/kernel.cpp); "
@@ -109,12 +136,34 @@ _DECLARED = [
     Setting("TORCH_TPU_PLATFORM", "str", None, DEVICE_START,
             "which PJRT platform to use (`tpu`, `cuda`, `cpu`) when several are installed",
             default_doc="JAX's choice"),
+    Setting("TORCH_TPU_MEMORY_LIMIT", "bytes", None, DEVICE_START,
+            "the device's memory capacity (`get_device_properties().total_memory`): an "
+            "allocation past it raises `torch.OutOfMemoryError`. On a TPU or GPU it can only "
+            "lower what the device reports",
+            default_doc="the device's memory; on XLA:CPU half the host memory (the cgroup "
+                        "limit if lower), shared by the local processes of a torchrun job"),
     Setting("TORCH_TPU_CACHE_DIR", "path", _default_cache_dir, IMPORT,
             "the persistent compilation cache (eager and `torch.compile` executables): a "
             "second process running the same program compiles nothing; empty or `0` turns "
             "it off", default_doc="`$XDG_CACHE_HOME/torch_tpu/xla` (`~/.cache/torch_tpu/xla`)"),
     Setting("TORCH_TPU_METRICS", "bool", False, IMPORT,
             "print `torch_tpu.metrics.report()` when the process ends"),
+    Setting("TORCH_TPU_PROGRAM_CACHE_MAX_PROGRAMS", "int", 4096, IMPORT,
+            "the most programs (Strict's op executables and recorded op entries, "
+            "DeferAndFuse's fused graphs, torch.compile executables) kept in memory; past it "
+            "the least recently used is evicted (`programs.<kind>.evictions` in "
+            "`torch_tpu.metrics`)"),
+    Setting("TORCH_TPU_PROGRAM_CACHE_MAX_MB", "int", 2048, IMPORT,
+            "the most megabytes of compiled programs kept in memory (XLA's code size; on "
+            "XLA:CPU, which reports none, 1.5 MB a program), evicted least recently used first"),
+    Setting("TORCH_TPU_RECOMPILE_WARN", "int", 8, PER_OP,
+            "warn (`RecompileWarning`, once per site) when one op at one line, one fused op "
+            "sequence or one compiled graph has recompiled this many times for new shapes, "
+            "naming the dimension that varies (read at each compile); 0: never"),
+    Setting("TORCH_TPU_DUMP_DIR", "path", None, PER_OP,
+            "write every compiled program's StableHLO into this folder, one `.mlir` file "
+            "each, headed by its key, the reason it compiled and its precision (read at "
+            "each compile)"),
     # ---- distributed (tpu_dist)
     Setting("TORCH_TPU_DIST_HOSTNAME", "str", None, INIT_PROCESS_GROUP,
             "this host's address, for JAX's coordinator and gloo",
@@ -123,14 +172,16 @@ _DECLARED = [
             "a fixed `host:port` for JAX's coordinator",
             default_doc="rank 0 picks a free port and publishes it in the store"),
     Setting("TORCH_TPU_DIST_HEARTBEAT_S", "int", None, INIT_PROCESS_GROUP,
-            "seconds before JAX declares a silent process dead",
+            "seconds before JAX declares a silent process dead (a backstop: tpu_dist's "
+            "links name a dead rank at once)",
             default_doc="the group timeout, clamped to 10-60"),
     Setting("TORCH_TPU_DIST_CHECK", "bool", True, IMPORT,
             "every collective first checks that all ranks issued the same one (one small "
             "all-gather); 0: faster small collectives, but a mismatch hangs or aborts in gloo"),
     Setting("TORCH_TPU_DIST_ASYNC_ERROR_HANDLING", "bool", True, IMPORT,
-            "a failed or timed-out collective ends the process with a clear message; 0: "
-            "report only, the error surfaces at the next read"),
+            "a failed, refused or timed-out collective, or a peer's death, ends the process "
+            "with one message naming the rank at fault; 0: the message is printed and every "
+            "later collective and device read raises it"),
     Setting("TORCH_TPU_DIST_WATCHDOG_POLL_S", "float", 0.05, IMPORT,
             "seconds between the watchdog's looks at the collectives in flight"),
     Setting("TORCH_TPU_DIST_EARLY_INIT", "bool", True, TORCHRUN_START,

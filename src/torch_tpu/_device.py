@@ -1,8 +1,7 @@
-"""PrivateUse1 registration as `tpu`, and the `torch.tpu` module: counts, seeds, memory,
-synchronize, device properties."""
+"""PrivateUse1 registration as `tpu`, and the `torch.tpu` module: counts, seeds, memory
+(_memory.py), synchronize, device properties."""
 from __future__ import annotations
 
-import os
 import sys
 import types
 
@@ -11,9 +10,9 @@ import torch
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import _C  # noqa: E402  (the C++ piece: allocator, generator, guard, hooks)
-from . import _amp, _backends, _patches, _runtime, _streams  # noqa: E402
-from ._rng import default_generator  # noqa: E402
-from .eager import current  # noqa: E402
+from . import _amp, _backends, _memory, _patches, _runtime, _streams  # noqa: E402
+from ._rng import check_state, default_generator  # noqa: E402
+from .eager import asserts, current  # noqa: E402
 
 _DEFAULT_GENERATOR = default_generator()
 
@@ -24,11 +23,12 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return True
+    return not _runtime.in_bad_fork()
 
 
-def _is_in_bad_fork() -> bool:
-    return False
+# A child forked after XLA started (_runtime.py): torch's seeding in DataLoader workers and
+# torch.multiprocessing ask, as they ask CUDA's.
+_is_in_bad_fork = _runtime.in_bad_fork
 
 
 def _lazy_init() -> None:
@@ -83,9 +83,16 @@ class device:  # noqa: N801  (mirrors torch.cuda.device)
 
 def synchronize(device=None) -> None:
     """Wait until every op dispatched so far has finished."""
+    _runtime.check_not_forked()
     current.flush_pending("synchronize")
-    for arr in _runtime.jax_live_arrays():
-        arr.block_until_ready()
+    try:
+        for arr in _runtime.jax_live_arrays():
+            arr.block_until_ready()
+    except Exception as e:
+        _runtime.check_read(e)
+        raise
+    _runtime.check_read()
+    asserts.check(wait=True)  # device-side asserts (eager/asserts.py)
 
 
 def get_device_name(device=None) -> str:
@@ -101,14 +108,8 @@ class _Properties(types.SimpleNamespace):
 
 def get_device_properties(device=None):
     d = _runtime.device()
-    stats = {}
-    try:
-        stats = d.memory_stats() or {}
-    except Exception:  # XLA:CPU reports no memory stats
-        stats = {}
-    total = stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return _Properties(name=get_device_name(), platform=d.platform, device_kind=d.device_kind,
-                       total_memory=int(total), id=d.id)
+                       total_memory=_memory.capacity(), id=d.id)
 
 
 def get_device_capability(device=None):
@@ -139,7 +140,7 @@ def get_rng_state(device="tpu") -> torch.Tensor:
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
-    _DEFAULT_GENERATOR.set_state(new_state.cpu())
+    _DEFAULT_GENERATOR.set_state(check_state(new_state))
 
 
 def get_rng_state_all():
@@ -148,42 +149,6 @@ def get_rng_state_all():
 
 def set_rng_state_all(states) -> None:
     set_rng_state(states[0])
-
-
-# ---------------------------------------------------------------- memory
-def memory_allocated(device=None) -> int:
-    """Bytes of tpu storage alive now (each storage owns one XLA buffer of that size)."""
-    return _C.memory_allocated()
-
-
-def max_memory_allocated(device=None) -> int:
-    return _C.max_memory_allocated()
-
-
-def reset_peak_memory_stats(device=None) -> None:
-    _C.reset_peak_memory_stats()
-
-
-def memory_reserved(device=None) -> int:
-    return _C.memory_allocated()
-
-
-def max_memory_reserved(device=None) -> int:
-    return _C.max_memory_allocated()
-
-
-def empty_cache() -> None:
-    """XLA frees buffers as their storages die; there is no cache to empty."""
-
-
-def memory_stats(device=None) -> dict:
-    cur, peak = _C.memory_allocated(), _C.max_memory_allocated()
-    return {
-        "allocated_bytes.all.current": cur,
-        "allocated_bytes.all.peak": peak,
-        "reserved_bytes.all.current": cur,
-        "reserved_bytes.all.peak": peak,
-    }
 
 
 # ---------------------------------------------------------------- autocast
@@ -201,9 +166,7 @@ _PUBLIC = [
     "current_device", "set_device", "device", "synchronize", "get_device_name",
     "get_device_properties", "get_device_capability", "manual_seed", "manual_seed_all",
     "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
-    "get_rng_state_all", "set_rng_state_all", "memory_allocated", "max_memory_allocated",
-    "reset_peak_memory_stats", "memory_reserved", "max_memory_reserved", "empty_cache",
-    "memory_stats", "get_amp_supported_dtype", "is_bf16_supported",
+    "get_rng_state_all", "set_rng_state_all", "get_amp_supported_dtype", "is_bf16_supported",
 ]
 
 
@@ -212,6 +175,9 @@ def _make_module() -> types.ModuleType:
     g = globals()
     for name in _PUBLIC:
         setattr(mod, name, g[name])
+    for name in _memory.PUBLIC:
+        setattr(mod, name, getattr(_memory, name))
+    mod.OutOfMemoryError = torch.OutOfMemoryError  # (torch.cuda.OutOfMemoryError is it too)
     mod._initialized = True
     mod.default_generators = (_DEFAULT_GENERATOR,)
     return mod

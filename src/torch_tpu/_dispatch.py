@@ -16,7 +16,7 @@ import torch
 
 from . import _C, _config, metrics
 from ._transfer import covers_storage, to_cpu, to_cpu_tree, upload, upload_into
-from .eager import current
+from .eager import current, refusals
 from .eager.opcall import OpPlan, normalize
 from .lowering import decomp, registry
 
@@ -59,6 +59,8 @@ def _out_kernel(op, functional):
             dsts, srcs = outs[0], results
         else:
             dsts, srcs = outs, results
+        # torch's out= rules, which computing with the functional op skips
+        refusals.check_out(op, functional, srcs, dsts, args, dict(zip(out_names, outs), **kwargs))
         for dst, src in zip(dsts, srcs):
             if dst.shape != src.shape:
                 dst.resize_(src.shape)
@@ -96,6 +98,14 @@ def _register_table():
                     _register(op, _out_kernel(op, functional), seen)
                 else:
                     _register(op, _kernel(plan_for(op)), seen)
+
+
+def register_op(op) -> None:
+    """The PrivateUse1 kernel of an op whose lowering joined the table after import
+    (torch_tpu.jax_op): the C kernel every lowered op has."""
+    schema = op._schema
+    if not _C.register_op_kernel(schema.name, schema.overload_name, _kernel(plan_for(op))):
+        raise TypeError(f"{op}: the tpu kernel cannot take the argument types of {schema}")
 
 
 def _register(op, kernel, seen):

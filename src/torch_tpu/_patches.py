@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 
 import torch
 
@@ -164,6 +165,73 @@ MODULE_APPLY = Patch(
     "torch does for any device pair it cannot shallow-copy")
 
 
+# ---------------------------------------------------------------- torch.compile's default backend
+# (prepare, backend): compile.register() hands them down, this module sitting below compile/
+_TPU_COMPILE: list = []
+_warned_options: set = set()
+
+
+def route_default_compile(prepare, backend) -> None:
+    """Send torch.compile's default backend (inductor) graphs on tpu tensors to `backend`;
+    `prepare()` readies dynamo for tpu when a compile is requested, before dynamo traces."""
+    _TPU_COMPILE[:] = [prepare, backend]
+
+
+def _is_tpu(v) -> bool:
+    if isinstance(v, (list, tuple)):
+        return any(_is_tpu(x) for x in v)
+    return isinstance(v, torch.Tensor) and v.device.type == "tpu"
+
+
+def _on_tpu(gm, inputs) -> bool:
+    """Does a dynamo graph compute on tpu tensors: its inputs, parameters, or any value
+    (a factory with device="tpu" in a graph without tensor inputs)?"""
+    if any(_is_tpu(x) for x in inputs):
+        return True
+    if any(_is_tpu(p) for p in gm.parameters()) or any(_is_tpu(b) for b in gm.buffers()):
+        return True
+    return any(_is_tpu(n.meta.get("example_value")) for n in gm.graph.nodes)
+
+
+def _inductor_init(init):
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if _TPU_COMPILE:
+            _TPU_COMPILE[0]()
+    return __init__
+
+
+def _inductor_call(call):
+    def __call__(self, model_, inputs_, *, config_patches=None):
+        if not (_TPU_COMPILE and _on_tpu(model_, inputs_)):
+            return call(self, model_, inputs_, config_patches=config_patches)
+        unused = sorted({**self.config, **(config_patches or {})})
+        if unused and tuple(unused) not in _warned_options:
+            _warned_options.add(tuple(unused))
+            warnings.warn(f"torch_tpu: torch.compile's mode/options configure inductor; graphs "
+                          f"on tpu compile through torch_tpu's XLA backend, which does not read "
+                          f"them: {unused}", stacklevel=2)
+        return _TPU_COMPILE[1](model_, inputs_)
+    return __call__
+
+
+_DEFAULT_COMPILE_WHY = (
+    "`torch.compile(model)` with no backend, as every public training script writes it, works "
+    "on tpu tensors: inductor's graphs that compute on tpu go to torch_tpu's backend (the "
+    "`tpu` backend: the lowering table -> one XLA program per graph). torch 2.13's inductor "
+    "has a Pallas code generator for device type tpu, but it sets the process's jax_enable_x64 "
+    "off and clears JAX's caches on every kernel call, and fails on nanoGPT's forward and on "
+    "cross_entropy's backward; measured on an MLP training step it was ~20x slower "
+    "(docs/COMPILE.md). The wrapper's __init__ readies dynamo for tpu (compile.setup_dynamo) "
+    "before dynamo traces anything, as the `tpu` backend's entry point does")
+INDUCTOR_INIT = Patch("torch:_TorchCompileInductorWrapper.__init__",
+                      "(self, mode, options, dynamic, name=None)", _inductor_init,
+                      _DEFAULT_COMPILE_WHY)
+INDUCTOR_CALL = Patch("torch:_TorchCompileInductorWrapper.__call__",
+                      "(self, model_, inputs_, *, config_patches=None)", _inductor_call,
+                      _DEFAULT_COMPILE_WHY)
+
+
 # ---------------------------------------------------------------- dynamo (applied lazily)
 def _set_capturable(original):
     def _set_capturable(self, tx):
@@ -202,7 +270,7 @@ OPINFO_UNSEEDED = Patch(
     "the distribution that tpu's draw is judged against")
 
 AT_IMPORT = [PRINT_FROM_HOST, WRITE_FILE, SET_FROM_FILE, BACKWARD_GRAPH, BACKWARD_AUTOGRAD,
-             MODULE_APPLY]
+             MODULE_APPLY, INDUCTOR_INIT, INDUCTOR_CALL]
 WITH_DYNAMO = [CAPTURABLE_OPTIMIZERS]  # importing dynamo costs ~2.5 s: applied by compile
 FOR_VALIDATION = [OPINFO_UNSEEDED]  # applied by `python -m torch_tpu validate ops` only
 ALL = AT_IMPORT + WITH_DYNAMO + FOR_VALIDATION

@@ -1,20 +1,38 @@
-"""The PJRT side: platform choice, x64 config, dtype maps, host <-> device transfers.
+"""The PJRT side: platform choice, x64 config, dtype maps, host <-> device transfers, what
+a forked child may do, and XLA's out-of-memory error as torch's.
 
 JAX must run with x64 enabled before any JAX work happens; otherwise int64 and float64
 silently become 32-bit, and torch's int64 indices and float64 math would not stay exact.
 """
 from __future__ import annotations
 
+import os
+import re
+import warnings
+
 import jax
 
 jax.config.update("jax_enable_x64", True)
+
+# Subnormal numbers (denormals) are flushed to zero on XLA:CPU, so float64
+# `1e-300 * 1e-10` is 0.0 where torch's CPU gives 1e-310, and a subnormal input reads as 0.
+# No setting of ours can change it (jaxlib 0.10.2): PJRT's CPU client runs every
+# executable under tsl::port::ScopedFlushDenormal (FTZ and DAZ set in MXCSR for the call,
+# xla/pjrt/cpu/cpu_client.cc), and XLA's intra-op pool threads set the same bits when they
+# start. The DebugOptions flag `xla_cpu_ftz` (XLA_FLAGS or jit compiler_options) only
+# changes LLVM's denormal-fp-math attribute; with it false the results still flush
+# (tests/test_refusals.py keeps a strict xfail that turns red once a jaxlib honours it).
+# On the hardware this targets: TPUs flush float32 and bfloat16 subnormals to zero, and
+# have no float64 units (XLA:TPU emulates float64 with pairs of float32, within float32's
+# exponent range, so 1e-300 itself is out of reach); XLA:GPU keeps subnormals
+# (`xla_gpu_ftz` defaults to false).
 
 import jax.numpy as jnp  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from . import _config  # noqa: E402
+from . import _C, _config  # noqa: E402
 
 TORCH_TO_JAX = {
     torch.float32: jnp.dtype(jnp.float32),
@@ -92,20 +110,82 @@ _DEVICE = None
 
 def device():
     global _DEVICE
+    if _FORKED:
+        raise RuntimeError(FORK_ERROR)
     if _DEVICE is None:
         _DEVICE = _select_device()
     return _DEVICE
 
 
+def started() -> bool:
+    """Whether XLA's runtime has started here (the first tpu tensor starts it, as on CUDA)."""
+    return _DEVICE is not None
+
+
+# ---------------------------------------------------------------- fork
+FORK_ERROR = ("Cannot re-initialize tpu in forked subprocess. To use tpu with "
+              "multiprocessing, you must use the 'spawn' start method")
+_FORKED = False
+
+
+def _after_fork_in_child() -> None:
+    """A child forked after XLA started inherits a runtime whose threads did not survive
+    the fork: its next XLA call may hang forever. As CUDA does, the child is marked, and
+    every path into tpu raises FORK_ERROR at once: the allocator and the op kernels in C,
+    the transfers here. A child of a parent that never started XLA may start its own."""
+    global _FORKED
+    if _DEVICE is not None:
+        _FORKED = True
+        _C.set_bad_fork(FORK_ERROR)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+# JAX warns at every fork of a process whose backend started that a deadlock is likely;
+# here the child raises instead, and a DataLoader's workers that make CPU tensors are safe.
+warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+
+
+def in_bad_fork() -> bool:
+    return _FORKED
+
+
+def check_not_forked() -> None:
+    if _FORKED:
+        raise RuntimeError(FORK_ERROR)
+
+
+# ---------------------------------------------------------------- out of memory
+_REQUEST = re.compile(r"allocat\w* (\d+) bytes")
+
+
+def raise_if_out_of_memory(error: Exception, where: str = "") -> None:
+    """Raise torch.OutOfMemoryError, in the allocator's words (csrc/memory.cpp), for an
+    XLA error that says the device ran out of memory (RESOURCE_EXHAUSTED): XLA's own
+    buffers (a program's temporaries, fragmentation on a TPU) are not in the count the
+    allocator checks. Any other error: return, for the caller to re-raise."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" not in text:
+        return
+    found = _REQUEST.search(text)
+    cause = f" XLA{', ' + where if where else ''}: {text.splitlines()[0].strip()}"
+    message = _C.out_of_memory_message(int(found.group(1)) if found else -1, cause)
+    raise torch.OutOfMemoryError(message) from error
+
+
 def to_device(cpu: torch.Tensor) -> jax.Array:
     """A contiguous CPU tensor -> a flat, device-owned XLA buffer (always a copy)."""
+    check_not_forked()
     if cpu.numel() == 0:  # (transformers' caches start from torch.tensor([]) each step)
         jdt = jax_dtype(cpu.dtype)
         empty = _EMPTY.get(jdt)
         if empty is None:
             empty = _EMPTY[jdt] = _uploader()(np.zeros(0, jdt))
         return empty
-    return _uploader()(host_array(cpu))
+    try:
+        return _uploader()(host_array(cpu))
+    except jax.errors.JaxRuntimeError as e:
+        raise_if_out_of_memory(e, "copying a tensor to tpu")
+        raise
 
 
 def host_array(cpu: torch.Tensor) -> np.ndarray:
@@ -142,12 +222,39 @@ def scalar_to_device(v) -> jax.Array:
     """A Python number -> a weakly typed device scalar (it promotes like the number). Through
     the jitted identity: ~9 us, where `jax.device_put` takes ~65 us (AdamW's bias
     corrections are new numbers every step)."""
+    check_not_forked()
     return _uploader()(v)
+
+
+# Checks of every device value read to the host, registered by a layer above: tpu_dist
+# raises there when a collective that may have fed the value failed or was refused (its
+# zeros never reach user code), and replaces a raw XLA error from a failed collective.
+_READ_GUARDS: list = []
+
+
+def guard_reads(fn) -> None:
+    """`fn(error)` runs after each read of device values (`to_host`, synchronize): with
+    None once the values arrived (it may raise instead of letting them out), or with the
+    exception the read raised (it may raise a clearer one). Register at import time."""
+    _READ_GUARDS.append(fn)
+
+
+def check_read(error: Exception | None = None) -> None:
+    for fn in _READ_GUARDS:
+        fn(error)
 
 
 def to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """An XLA array -> a CPU tensor of `dtype` with the same shape (waits for the value)."""
-    host = np.asarray(arr)
+    check_not_forked()
+    try:
+        host = np.asarray(arr)
+    except Exception as e:
+        check_read(e)
+        raise_if_out_of_memory(e, "computing a value read to the host")  # (an async failure)
+        raise
+    if _READ_GUARDS:
+        check_read()
     carrier = _HOST_CARRIER.get(dtype)
     if carrier is not None:
         host = host.view(TORCH_TO_JAX[carrier])
@@ -162,4 +269,5 @@ def platform() -> str:
 
 
 def jax_live_arrays():
+    check_not_forked()
     return jax.live_arrays()

@@ -38,7 +38,8 @@ def record(storage, dtype):
 
 
 def realized(storage) -> None:
-    """Count the storage's bytes as device memory from now on (its buffer exists)."""
+    """Count the storage's bytes as allocated device memory from now on (its buffer exists;
+    the allocator reserved them when torch made the storage: _memory.py)."""
     _C.mark_realized(storage)
 
 
@@ -67,7 +68,11 @@ def constant(n, dtype, value):
     if buf is not None:
         _shared.move_to_end(key)
         return buf
-    buf = _constant_fn(n, dtype)(_runtime.scalar_to_device(value))
+    try:
+        buf = _constant_fn(n, dtype)(_runtime.scalar_to_device(value))
+    except jax.errors.JaxRuntimeError as e:
+        _runtime.raise_if_out_of_memory(e, "filling a tensor")
+        raise
     if n <= SHARED_MAX_ELEMENTS and type(value) is not complex:
         _shared[key] = buf
         if len(_shared) > SHARED_MAX_COUNT:
@@ -128,24 +133,34 @@ def _bitcast_flat(flat, to_dtype):
     return lax.bitcast_convert_type(flat[:n].reshape(-1, k), to_dtype)
 
 
+def _cut(flat, offset, n):
+    """flat[offset:offset + n], for a static offset or one passed as data (DYNAMIC)."""
+    if type(offset) is int:
+        return lax.slice(flat, (offset,), (offset + n,))
+    return lax.dynamic_slice(flat, (offset,), (n,))
+
+
 def _dense_chain(shape, stride, offset, buf_len):
     """Express a non-overlapping strided view as slice + reshapes + transpose.
 
-    Returns a function flat -> array, or None when the layout needs a gather."""
+    Returns a function (flat, offset) -> array, or None when the layout needs a gather."""
     dims = [(i, n, s) for i, (n, s) in enumerate(zip(shape, stride)) if n != 1 and s != 0]
     order = sorted(dims, key=lambda d: -d[2])
     if not order:
-        return lambda flat: lax.slice(flat, (offset,), (offset + 1,)).reshape(())
+        return lambda flat, off: _cut(flat, off, 1).reshape(())
     for (_, n_outer, s_outer), (_, n_inner, s_inner) in zip(order, order[1:]):
         if s_outer % s_inner or n_inner * s_inner > s_outer:
             return None
     span = order[0][1] * order[0][2]
+    extent = 1 + sum((n - 1) * s for _, n, s in order)
 
-    def read(flat):
-        need = offset + span
+    def read(flat, off):
+        # the slice covers whole rows of the outermost stride: past the view's last element
+        # it may run off the buffer's end, which reads as zeros that the reshapes drop
+        need = (off if type(off) is int else flat.shape[0] - extent) + span
         if need > flat.shape[0]:
             flat = jnp.pad(flat, (0, need - flat.shape[0]))
-        x = lax.slice(flat, (offset,), (offset + span,))
+        x = _cut(flat, off, span)
         x = x.reshape(order[0][1], order[0][2])
         for _, n, s in order[1:]:
             prev = x.shape[-1]
@@ -159,7 +174,7 @@ def _dense_chain(shape, stride, offset, buf_len):
     return read
 
 
-def _gather_index(shape, stride, offset):
+def _gather_index(shape, stride, offset=0):
     idx = np.full((), offset, dtype=np.int64)
     for n, s in zip(shape, stride):
         idx = idx[..., None] + np.arange(n, dtype=np.int64) * s
@@ -191,53 +206,83 @@ def _is_contiguous(shape, stride):
     return True
 
 
+# A view's offset in a key: the number, or DYNAMIC when the program takes it as data (an
+# int scalar among the dynamic arguments), so that `source[i:i + bptt]` at every i, or a
+# write into a cache at position t, runs one program instead of one per offset.
+DYNAMIC = "@"
+
+
+def offset_is_data(shape, stride, offset, buf_len, buf_dtype, dtype) -> bool:
+    """Whether a view's offset goes to the program as data: that of any view of part of
+    its buffer (offset 0 too: the first slice `source[0:bptt]` then runs the program of
+    every later one), when the buffer holds the view whole in the view's own dtype (so a
+    dynamic slice never clamps). The rest (a storage torch grew past its buffer, a
+    dtype-reinterpreting view) keeps its offset in the key. csrc/scan.cpp applies the
+    same rule."""
+    if _runtime.jax_dtype(dtype) != buf_dtype:
+        return False
+    extent = 1
+    for n, s in zip(shape, stride):
+        if n == 0:
+            return False
+        extent += (n - 1) * s
+    return offset + extent <= buf_len and (offset > 0 or extent < buf_len)
+
+
 @functools.lru_cache(maxsize=4096)
 def reader(shape, stride, offset, buf_len, buf_dtype, dtype):
-    """flat buffer -> array of `shape`, for a tensor with these strides into it."""
+    """(flat buffer[, offset]) -> array of `shape`, for a tensor with these strides into it.
+    The offset argument is given when the key's offset is DYNAMIC."""
     shape, stride = tuple(shape), tuple(stride)
     numel = math.prod(shape)
     jdt = _runtime.jax_dtype(dtype)
     convert = (lambda f: f) if buf_dtype == jdt else (lambda f: _bitcast_flat(f, jdt))
+    static = offset != DYNAMIC
 
     if numel == 0:
-        return lambda flat: jnp.zeros(shape, jdt)
+        return lambda flat, off=offset: jnp.zeros(shape, jdt)
     if _is_contiguous(shape, stride):
         if offset == 0 and numel == buf_len and buf_dtype == jdt:
-            return lambda flat: flat.reshape(shape)
-        return lambda flat: lax.slice(_fit(convert(flat), offset + numel), (offset,),
-                                      (offset + numel,)).reshape(shape)
+            return lambda flat, off=offset: flat.reshape(shape)
+        if not static:
+            return lambda flat, off: lax.dynamic_slice(flat, (off,), (numel,)).reshape(shape)
+        return lambda flat, off=offset: _cut(_fit(convert(flat), offset + numel), offset,
+                                             numel).reshape(shape)
 
     chain = _dense_chain(shape, stride, offset, buf_len)
     if chain is not None:
         # stride-0 (expanded) and size-1 dims were dropped by the chain: restore them.
         kept = [i for i, (n, s) in enumerate(zip(shape, stride)) if n != 1 and s != 0]
-        inner = tuple(shape[i] for i in kept)
+        dims = tuple(shape[i] if i in kept else 1 for i in range(len(shape)))
 
-        def read(flat):
-            x = chain(convert(flat))
-            x = x.reshape(tuple(shape[i] if i in kept else 1 for i in range(len(shape))))
+        def read(flat, off=offset):
+            x = chain(convert(flat), off).reshape(dims)
             return jnp.broadcast_to(x, shape) if x.shape != shape else x
 
-        del inner
         return read
-    idx = _gather_index(shape, stride, offset)
+    idx = _gather_index(shape, stride, offset if static else 0)
+    if not static:
+        return lambda flat, off: jnp.take(flat, jnp.asarray(idx) + off, mode="clip")
     need = int(idx.max()) + 1
-    return lambda flat: jnp.take(_fit(convert(flat), need), jnp.asarray(idx), mode="clip")
+    return lambda flat, off=offset: jnp.take(_fit(convert(flat), need), jnp.asarray(idx),
+                                             mode="clip")
 
 
 @functools.lru_cache(maxsize=4096)
 def writer(shape, stride, offset, buf_len, buf_dtype, dtype):
-    """(flat buffer, value of `shape`) -> new flat buffer with the view overwritten."""
+    """(flat buffer, value of `shape`[, offset]) -> new flat buffer with the view
+    overwritten. The offset argument is given when the key's offset is DYNAMIC."""
     shape, stride = tuple(shape), tuple(stride)
     numel = math.prod(shape)
     jdt = _runtime.jax_dtype(dtype)
     same = buf_dtype == jdt
+    static = offset != DYNAMIC
 
     def finish(new_flat_in_jdt, old):
         return new_flat_in_jdt if same else _bitcast_flat(new_flat_in_jdt, buf_dtype)
 
     if numel == 0:
-        return lambda flat, value: flat
+        return lambda flat, value, off=offset: flat
     order = dense_order(shape, stride)
     if order is not None:
         # contiguous, or a dense permutation (an op's result kept in its input's layout):
@@ -248,21 +293,23 @@ def writer(shape, stride, offset, buf_len, buf_dtype, dtype):
             return value.reshape(-1).astype(jdt)
 
         if offset == 0 and numel == buf_len and same:
-            return lambda flat, value: in_memory_order(value)
+            return lambda flat, value, off=offset: in_memory_order(value)
 
-        def write_slice(flat, value):
-            base = _fit(flat if same else _bitcast_flat(flat, jdt), offset + numel)
-            new = lax.dynamic_update_slice(base, in_memory_order(value), (offset,))
+        def write_slice(flat, value, off=offset):
+            base = flat if same else _bitcast_flat(flat, jdt)
+            if static:
+                base = _fit(base, offset + numel)
+            new = lax.dynamic_update_slice(base, in_memory_order(value), (off,))
             return finish(new, flat)
 
         return write_slice
-    idx = _gather_index(shape, stride, offset).reshape(-1)
-
+    idx = _gather_index(shape, stride, offset if static else 0).reshape(-1)
     need = int(idx.max()) + 1
 
-    def write_scatter(flat, value):
+    def write_scatter(flat, value, off=offset):
         base = _fit(flat if same else _bitcast_flat(flat, jdt), need)
-        new = base.at[jnp.asarray(idx)].set(value.reshape(-1).astype(jdt), mode="drop")
+        where = jnp.asarray(idx) if static else jnp.asarray(idx) + off
+        new = base.at[where].set(value.reshape(-1).astype(jdt), mode="drop")
         return finish(new, flat)
 
     return write_scatter

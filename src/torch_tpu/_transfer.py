@@ -14,7 +14,7 @@ import jax
 import torch
 
 from . import _runtime, _storage, _tree, metrics
-from .eager import current
+from .eager import asserts, current
 
 
 @functools.lru_cache(maxsize=4096)
@@ -56,7 +56,9 @@ def to_cpu(t: torch.Tensor, reason: str = "to_cpu") -> torch.Tensor:
     buf, n, bdt = _storage.record(t.untyped_storage(), t.dtype)
     if t.is_conj() or t.is_neg() or not _is_whole(t, n, bdt):
         buf = materialize(t, reason)
-    return _runtime.to_host(buf, t.dtype).reshape(t.shape)
+    out = _runtime.to_host(buf, t.dtype).reshape(t.shape)
+    asserts.check()  # a host read is a sync: device-side asserts of the ops finished now
+    return out
 
 
 def host_value(t: torch.Tensor) -> torch.Tensor:

@@ -37,40 +37,65 @@ class Job:
 
 
 def launch(script: str, scenario: str, nproc: int, timeout: float = 240,
-           env: dict | None = None, args=(), kill_when=None, worker_flag: bool = True) -> Job:
+           env: dict | None = None, args=(), kill_when=None, worker_flag: bool = True,
+           torchrun: bool = False) -> Job:
     """Run `script --worker scenario ARGS` (or `script ARGS`) as ranks 0..nproc-1 of one job
     (env:// rendezvous on 127.0.0.1, as torchrun sets it up), wait at most `timeout` s,
     and collect each rank's exit code, output and results (the JSON a worker writes with
     `report()`). `kill_when=(rank, predicate)` SIGKILLs that rank once `predicate()` is
-    true; `Job.killed_at` is then the time of the kill."""
+    true; `Job.killed_at` is then the time of the kill.
+
+    `torchrun=True`: each rank under its own torchrun agent (`--nnodes=nproc
+    --nproc-per-node=1 --node-rank=rank`), as on `nproc` hosts: an agent stops only its
+    own worker, so a survivor stops by itself. A kill then hits the rank's worker (not its
+    agent); `Job.exited_at` are then the agents' exit times, and `Job.worker_exited_at`
+    the workers' (known for the workers alive at the kill)."""
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="tpu_dist_test_")
     procs, logs = [], []
     t0 = time.monotonic()
     for rank in range(nproc):
         e = dict(os.environ)
-        e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                 LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                 TPU_DIST_TEST_OUT=tmp, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
+        e.update(TPU_DIST_TEST_OUT=tmp, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
                  TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
                  PYTHONPATH=SRC + os.pathsep + e.get("PYTHONPATH", ""))
+        if torchrun:
+            for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+                e.pop(k, None)
+        else:
+            e.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                     LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port))
         e.update(env or {})
         log = open(os.path.join(tmp, f"log{rank}.txt"), "w+")
-        cmd = [sys.executable, script] + (["--worker", scenario] if worker_flag else []) + list(args)
-        procs.append(subprocess.Popen(cmd,
+        cmd = [script] + (["--worker", scenario] if worker_flag else []) + list(args)
+        if torchrun:
+            cmd = ["-m", "torch.distributed.run", f"--nnodes={nproc}", f"--node-rank={rank}",
+                   "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+                   "--max-restarts=0", "--monitor-interval=0.1"] + cmd
+        procs.append(subprocess.Popen([sys.executable] + cmd,
                                       env=e, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True))
         logs.append(log)
     deadline = t0 + timeout
     killed_at = None
     exited = [None] * nproc
+    workers, worker_exited = {}, {}  # torchrun: rank -> worker pid, rank -> exit time
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         now = time.monotonic()
         for i, p in enumerate(procs):
             if exited[i] is None and p.poll() is not None:
                 exited[i] = now
+        for r, pid in workers.items():
+            if r not in worker_exited and not _running(pid):
+                worker_exited[r] = now
         if kill_when and killed_at is None and kill_when[1]():
-            _kill(procs[kill_when[0]])
+            victim = procs[kill_when[0]]
+            if torchrun:
+                workers = {r: _worker_of(p.pid) for r, p in enumerate(procs) if p.poll() is None}
+                _kill_pid(workers[kill_when[0]])
+            else:
+                _kill(victim)
             killed_at = time.monotonic()
         time.sleep(0.05)
     for p in procs:
@@ -91,6 +116,7 @@ def launch(script: str, scenario: str, nproc: int, timeout: float = 240,
     job.exited_at = [e if e is not None else now for e in exited]
     job.started_at = t0
     job.killed_at = killed_at
+    job.worker_exited_at = worker_exited
     job.tmp = tmp
     return job
 
@@ -98,6 +124,30 @@ def launch(script: str, scenario: str, nproc: int, timeout: float = 240,
 def _kill(p) -> None:
     try:
         os.killpg(p.pid, signal.SIGKILL)  # its own session: the worker and nothing else
+    except ProcessLookupError:
+        pass
+
+
+def _worker_of(agent: int) -> int:
+    """The worker process a torchrun agent started (its child)."""
+    with open(f"/proc/{agent}/task/{agent}/children") as f:
+        children = [int(c) for c in f.read().split()]
+    assert len(children) == 1, f"torchrun agent {agent} has children {children}"
+    return children[0]
+
+
+def _running(pid: int) -> bool:
+    """Whether a process runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 

@@ -31,7 +31,8 @@ import time
 import torch
 
 from . import common, modes_report
-from .modes_types import INFER, KINDS, TRAIN, VARIANTS, RecordResult, Spec, WorkloadResult
+from .modes_types import (INFER, KINDS, TRAIN, VARIANTS, AssertsResult, RecordResult, Spec,
+                          WorkloadResult)
 
 
 # ---------------------------------------------------------------- models
@@ -109,8 +110,9 @@ def _resident_bytes(tensors) -> int:
 class Runner:
     """One variant of one workload: its own model replica, and its samples."""
 
-    def __init__(self, base, spec: Spec, variant: str, workload: str):
+    def __init__(self, base, spec: Spec, variant: str, workload: str, asserts=None):
         self.spec, self.variant, self.workload = spec, variant, workload
+        self.asserts = asserts  # device-side asserts forced on/off; None: as configured
         self.device = device_of(variant)
         self.tpu = self.device == "tpu"
         with mode_context(variant):
@@ -127,6 +129,8 @@ class Runner:
             self.tokens = spec.infer_tokens
         self.n = 0
         self.seconds: list[float] = []     # measured (warm) samples
+        self.host_s = 0.0                  # the last call's CPU time on this thread
+        self.host_seconds: list[float] = []  # ... of each measured sample
         self.peaks: list[int] = []         # bytes: own resident + peak above it, per sample
         self.counts: dict = {}             # metrics counters over the measured samples
         self.first_s = float("nan")
@@ -162,15 +166,16 @@ class Runner:
     def run(self) -> tuple[float, int, dict]:
         """One timed call -> (seconds, peak device bytes, metrics counters it moved)."""
         time.sleep(1e-3)  # let the previous contestant's worker threads stop spinning
-        with mode_context(self.variant):
+        with mode_context(self.variant), _asserts_forced(self.asserts):
             if self.tpu:
                 torch.tpu.synchronize()
                 torch.tpu.reset_peak_memory_stats()
                 base = torch.tpu.memory_allocated()
                 own = self.resident()
             c0 = _counters()
-            t0 = time.perf_counter()
+            t0, h0 = time.perf_counter(), time.thread_time()
             self._call()  # ends in a host read (loss.item() / out.cpu()): synchronized
+            self.host_s = time.thread_time() - h0  # this thread's CPU time: steady under load
             dt = time.perf_counter() - t0
             c1 = _counters()
             peak = torch.tpu.max_memory_allocated() - base + own if self.tpu else 0
@@ -188,6 +193,7 @@ class Runner:
     def sample(self) -> float:
         dt, peak, c = self.run()
         self.seconds.append(dt)
+        self.host_seconds.append(self.host_s)
         self.peaks.append(peak)
         for k, v in c.items():
             self.counts[k] = self.counts.get(k, 0) + v
@@ -254,6 +260,40 @@ def measure(base, kind: str, workload: str, spec: Spec, variants=VARIANTS, round
         r.close()
     runners.clear()
     live.clear()
+    gc.collect()
+    return res
+
+
+# ---------------------------------------------------------------- device-side asserts
+def _asserts_forced(on):
+    from ..eager import asserts
+
+    return asserts.forced(on)
+
+
+def measure_asserts(base, spec: Spec, rounds: int, warmup: int = 2, progress=None) -> AssertsResult:
+    """The training step of `base` in Strict and DeferAndFuse, each with device-side asserts
+    on and off: four replicas, interleaved round by round like `measure`."""
+    res = AssertsResult(rounds)
+    runners = {}
+    for mode in ("strict", "defer_and_fuse"):
+        for on in (True, False):
+            try:
+                r = Runner(base, spec, mode, TRAIN, asserts=on)
+                r.first()
+                r.warm(warmup)
+                runners[(mode, on)] = r
+            except Exception as e:  # noqa: BLE001  (reported, not hidden)
+                res.errors[mode] = _one_line(e)
+    live = {k: r.sample for k, r in runners.items() if k[0] not in res.errors}
+    common.interleaved(live, rounds, progress)
+    for mode in ("strict", "defer_and_fuse"):
+        if mode not in res.errors:
+            on, off = runners[(mode, True)], runners[(mode, False)]
+            res.samples[mode] = (on.seconds, off.seconds)
+            res.host[mode] = (on.host_seconds, off.host_seconds)
+    for r in runners.values():
+        r.close()
     gc.collect()
     return res
 
@@ -358,6 +398,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ops in the recording-cost chain (default 1000)")
     p.add_argument("--record-rounds", type=int, default=21,
                    help="interleaved rounds of the recording-cost chain (default 21)")
+    p.add_argument("--asserts-rounds", type=int, default=40,
+                   help="interleaved Llama training steps per variant with device-side asserts "
+                        "on and off (default 40; 0 skips)")
     p.add_argument("--models", default=",".join(KINDS), help="comma list of llama,qwen2")
     p.add_argument("--workloads", default=f"{TRAIN},{INFER}", help="comma list of train,infer")
     p.add_argument("--no-write", action="store_true",
@@ -372,8 +415,11 @@ def main(args) -> int:
     kinds = [k for k in args.models.split(",") if k]
     workloads = [w for w in args.workloads.split(",") if w]
     rounds = {TRAIN: args.train_rounds, INFER: args.infer_rounds, "record": args.record_rounds}
-    total = sum(len(VARIANTS) + rounds[w] for _ in kinds for w in workloads) + args.record_rounds
+    rounds["asserts"] = args.asserts_rounds if "llama" in kinds and TRAIN in workloads else 0
+    total = (sum(len(VARIANTS) + rounds[w] for _ in kinds for w in workloads)
+             + args.record_rounds + rounds["asserts"])
     results = []
+    asserts = None
     with common.progress(total, "bench modes") as bar:
         for kind in kinds:
             base = build_model(kind, spec)
@@ -381,9 +427,13 @@ def main(args) -> int:
                 bar.set_description(f"bench modes: {kind} {w}")
                 results.append(measure(base, kind, w, spec, VARIANTS, rounds[w],
                                        warmup=2 if w == TRAIN else 1, progress=bar))
+            if kind == "llama" and rounds["asserts"]:
+                bar.set_description("bench modes: llama train, device-side asserts on/off")
+                asserts = measure_asserts(base, spec, rounds["asserts"], progress=bar)
         bar.set_description("bench modes: per-op cost")
         rec = measure_record(args.record_ops, args.record_rounds, bar)
-    text = modes_report.render(results, rec, spec, rounds, time.perf_counter() - t_start)
+    text = modes_report.render(results, rec, spec, rounds, time.perf_counter() - t_start,
+                               asserts)
     print(text)
     if not args.no_write:
         modes_report.charts(results, common.DOCS / "bench_modes.png", common.DOCS / "bench_modes_memory.png")

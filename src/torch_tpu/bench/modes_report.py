@@ -3,9 +3,10 @@ docs/PERFORMANCE.md, the verdicts against the issue's targets, and the charts.""
 from __future__ import annotations
 
 from . import common
-from .modes_types import (INFER, KIND_LABELS, LABELS, TARGET_DEFER_VS_CPU_TRAIN,
-                          TARGET_DEFER_VS_STRICT, TARGET_MEM_RATIO, TARGET_RECORD_US, TRAIN,
-                          VARIANTS, RecordResult, Spec, WorkloadResult)
+from .modes_types import (INFER, KIND_LABELS, LABELS, TARGET_ASSERTS_COST,
+                          TARGET_DEFER_VS_CPU_TRAIN, TARGET_DEFER_VS_STRICT, TARGET_MEM_RATIO,
+                          TARGET_RECORD_US, TRAIN, VARIANTS, AssertsResult, RecordResult, Spec,
+                          WorkloadResult)
 
 
 def _fmt(x: float, digits: int = 1) -> str:
@@ -38,7 +39,7 @@ def _flush_summary(c: dict, calls: int) -> str:
 
 
 def render(results: list[WorkloadResult], rec: RecordResult | None, spec: Spec, rounds: dict,
-           wall_s: float) -> str:
+           wall_s: float, asserts: AssertsResult | None = None) -> str:
     D, S, G, C = "defer_and_fuse", "strict", "debug", "cpu"
     lines = [
         f"Models: {spec.describe()}. Random weights, built from configs in code. Each variant "
@@ -166,7 +167,9 @@ def render(results: list[WorkloadResult], rec: RecordResult | None, spec: Spec, 
         if rec.errors:
             lines += [f"Not measured: {rec.errors}", ""]
 
-    lines += ["### Against the issue's targets", ""] + _verdicts(results, rec) + ["", NOTES]
+    if asserts is not None:
+        lines += _asserts_section(asserts)
+    lines += ["### Against the issue's targets", ""] + _verdicts(results, rec, asserts) + ["", NOTES]
     return "\n".join(lines)
 
 
@@ -204,7 +207,36 @@ NOTES = """### Reading these numbers
   within ±5%."""
 
 
-def _verdicts(results, rec) -> list[str]:
+def _asserts_section(a: AssertsResult) -> list[str]:
+    rows = []
+    for mode in ("strict", "defer_and_fuse"):
+        if mode in a.errors:
+            rows.append([LABELS[mode], a.errors[mode], "", "", "", ""])
+            continue
+        on, off = a.medians(mode)
+        rows.append([LABELS[mode], _fmt(on * 1e3, 1), _fmt(off * 1e3, 1),
+                     f"{a.cost(mode) * 100:+.1f}%", f"{a.paired_cost(mode) * 100:+.1f}%",
+                     f"{a.paired_cost(mode, host=True) * 100:+.1f}%"])
+    text = ("Indexing ops (embedding, its backward, the loss's nll_loss, ...) add an "
+            "index-validity code to their own XLA program, read at the next sync "
+            "(`eager/asserts.py`). Four replicas, each mode with `TORCH_TPU_DEVICE_ASSERTS` on "
+            f"and off, {a.steps} interleaved training steps each; medians, and the median of "
+            "each round's on/off ratio (steadier under drifting load), of the step's time and "
+            "of the Python thread's CPU time in it (which a loaded machine does not inflate); "
+            f"target ≤ +{TARGET_ASSERTS_COST:.0%}.")
+    return [
+        "### Device-side asserts (ms per small Llama training step)",
+        "",
+        text,
+        "",
+        common.markdown_table(["mode", "asserts on", "asserts off", "cost (medians)",
+                               "cost (per-round ratio)", "host CPU cost (per-round ratio)"],
+                              rows),
+        "",
+    ]
+
+
+def _verdicts(results, rec, asserts=None) -> list[str]:
     D, S, C = "defer_and_fuse", "strict", "cpu"
     out = []
     for r in results:
@@ -227,6 +259,13 @@ def _verdicts(results, rec) -> list[str]:
         out.append(f"- recording one op in DeferAndFuse: {u:.2f} µs median, "
                    f"{rec.us_best.get('defer_record', float('nan')):.2f} µs fastest "
                    f"({'meets' if u <= TARGET_RECORD_US else 'misses'} ≤ {TARGET_RECORD_US:g} µs)")
+    for mode in (asserts.samples if asserts is not None else ()):
+        c = asserts.cost(mode)
+        out.append(f"- device-side asserts, Llama train, {LABELS[mode]}: {c * 100:+.1f}% per step "
+                   f"({'meets' if c <= TARGET_ASSERTS_COST else 'misses'} ≤ "
+                   f"+{TARGET_ASSERTS_COST:.0%}); per-round ratio "
+                   f"{asserts.paired_cost(mode) * 100:+.1f}%, host CPU "
+                   f"{asserts.paired_cost(mode, host=True) * 100:+.1f}%")
     return out
 
 

@@ -4,6 +4,7 @@ targets, the model spec and the result records. A leaf module, so that the measu
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 VARIANTS = ("strict", "defer_and_fuse", "debug", "cpu")
 LABELS = {"strict": "Strict", "defer_and_fuse": "DeferAndFuse", "debug": "Debug",
@@ -16,6 +17,7 @@ TARGET_DEFER_VS_STRICT = 1.5   # the issue's floor (the reference's claim); aim 
 TARGET_DEFER_VS_CPU_TRAIN = 1.0
 TARGET_MEM_RATIO = 1.0
 TARGET_RECORD_US = 5.0
+TARGET_ASSERTS_COST = 0.05     # device-side asserts: at most +5% on the training step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,3 +90,35 @@ class RecordResult:
     us_best: dict = dataclasses.field(default_factory=dict)  # name -> fastest round's µs per op
     flushed_while_recording: int = 0
     errors: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class AssertsResult:
+    """The small Llama's training step with device-side asserts on and off (eager/asserts.py):
+    mode -> (seconds of the measured steps on, off), the two lists taken in the same rounds;
+    `host`: the same steps' CPU time on the Python thread (what waiting for a core, on a
+    loaded machine, does not inflate)."""
+    steps: int
+    samples: dict = dataclasses.field(default_factory=dict)
+    host: dict = dataclasses.field(default_factory=dict)
+    errors: dict = dataclasses.field(default_factory=dict)
+
+    def medians(self, mode: str) -> tuple:
+        on, off = self.samples[mode]
+        return _median(on), _median(off)
+
+    def cost(self, mode: str) -> float:
+        """Fraction the asserts add to the step: median on / median off - 1."""
+        on, off = self.medians(mode)
+        return on / off - 1 if off > 0 else float("nan")
+
+    def paired_cost(self, mode: str, host: bool = False) -> float:
+        """The median over rounds of (step on / step off of the same round) - 1: steadier
+        when the machine's load drifts. `host`: of the Python thread's CPU time."""
+        on, off = (self.host if host else self.samples)[mode]
+        return _median([a / b for a, b in zip(on, off) if b > 0]) - 1
+
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else float("nan")

@@ -1,13 +1,15 @@
 """The torch.compile backend "tpu": dynamo -> AOTAutograd -> the lowering table -> jax.jit.
 
-`torch.compile(model, backend="tpu")`. Dynamo captures graphs (graph breaks run in the
-current eager mode); AOTAutograd functionalizes them and splits forward and backward;
-each aten graph becomes one `jax.jit` program (program.Program) whose inputs and outputs
-are real tpu tensors. AOTAutograd itself handles what its contract covers outside the
-graph: outputs that alias inputs or each other are regenerated as views, and input
-mutations of training graphs are applied with copy_. Inference graphs keep their input
-mutations in the graph (`keep_inference_input_mutations`), so an optimizer step writes
-its parameters inside the one program.
+`torch.compile(model, backend="tpu")`, and `torch.compile(model)` with no backend: the
+default backend (inductor) hands its graphs on tpu tensors to this one (docs/COMPILE.md says
+why). Dynamo captures graphs (graph breaks run in the current eager mode); AOTAutograd
+functionalizes them and splits forward and backward; each aten graph becomes one
+`jax.jit` program (program.Program) whose inputs and outputs are real tpu tensors.
+AOTAutograd itself handles what its contract covers outside the graph: outputs that alias
+inputs or each other are regenerated as views, and input mutations of training graphs are
+applied with copy_. Inference graphs keep their input mutations in the graph
+(`keep_inference_input_mutations`), so an optimizer step writes its parameters inside the
+one program.
 
 A graph with an op that nothing lowers runs eagerly, node by node in the current eager
 mode, with a warning that names the ops (counted as `compile.eager_graphs`).
@@ -121,7 +123,9 @@ def register() -> None:
     """Make backend="tpu" known to torch.compile. With the package's entry point installed
     (`torch_dynamo_backends: tpu = torch_tpu.compile._entry:backend`) torch finds it
     lazily, and importing torch_tpu does not import dynamo (~2.5 s); otherwise, or when
-    dynamo is already imported, register now."""
+    dynamo is already imported, register now. torch.compile's default backend sends its
+    graphs on tpu tensors here too (_patches.INDUCTOR_CALL; docs/COMPILE.md)."""
+    _patches.route_default_compile(setup_dynamo, backend)
     if "torch._dynamo" in sys.modules or not _has_entry_point():
         from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 

@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 
 import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _C, _runtime, _storage, metrics
-from .._rng import default_generator
+from .. import _C, _precision, _runtime, _storage, metrics
+from .._program_cache import admit_compiled
+from .._rng import default_generator, draw
 from ..eager.current import flush_pending
 from .lower import GraphLowering
 
 _empty = _C.empty_with_storage  # (shape, strides or None, dtype) -> (tensor, its storage)
 _scan = _C.program_scan  # (kinds, args) -> (parts, bufs, storages), or None: Program._scan
-_SEED_MASK = 0x7FFFFFFFFFFFFFFF
-_MANY_LAYOUTS = 8
 
 IN_TPU, IN_CPU, IN_INT, IN_OTHER = range(4)
 OUT_TPU, OUT_CPU, OUT_STATIC, OUT_INPUT, OUT_HOST = range(5)
@@ -123,7 +121,7 @@ class Program:
         kinds = self.kinds
         extra = []
         # C; None when an input's storage has no buffer yet
-        parts, bufs, storages = _scan(kinds, args) or self._scan(args)
+        parts, bufs, storages, offsets = _scan(kinds, args) or self._scan(args)
         henv = None
         if self.has_host:
             henv = {}
@@ -132,19 +130,21 @@ class Program:
             parts.append(tuple((f.shape, f.dtype) for f in feeds))
             extra.extend(_pack(feeds))
             self.graph.run_host(args, True, henv)  # the epilogue writes CPU inputs
+        parts.append(_precision.snapshot())  # the float32 matmul/conv precision: last
         key = tuple(parts)
         exe = self.cache.get(key)
         if exe is None:
-            exe = self._build(key, len(bufs))
+            exe = self._build(key, len(bufs), len(offsets))
             self.cache[key] = exe
         if self.n_seeded:
-            gen = default_generator()
-            offset = gen.get_offset()
-            gen.set_offset(offset + self.n_seeded)
-            extra.append(gen.initial_seed() & _SEED_MASK)
-            extra.append(offset)
+            extra.extend(draw(default_generator(), self.n_seeded))
         metrics.counters["compile.calls"] += 1
-        flat_outs, new_bufs = exe.fn(*bufs, *extra, *self.consts.values())
+        _runtime.check_not_forked()
+        try:
+            flat_outs, new_bufs = exe.fn(*bufs, *offsets, *extra, *self.consts.values())
+        except jax.errors.JaxRuntimeError as e:
+            _runtime.raise_if_out_of_memory(e, f"running compiled graph {self.name}")
+            raise
         _C.replace_buffers(storages, exe.mut_storages, new_bufs)  # the storages it wrote
         for i, host in zip(self.cpu_mutated, new_bufs[len(exe.mut_storages):]):
             args[i].copy_(_runtime.to_host(host, args[i].dtype).reshape(args[i].shape))
@@ -181,7 +181,7 @@ class Program:
         return scanned
 
     # ------------------------------------------------------------ per input layout
-    def _build(self, key, nbufs):
+    def _build(self, key, nbufs, noffsets):
         t0 = time.perf_counter()
         graph = self.graph
         kinds = self.kinds
@@ -197,17 +197,20 @@ class Program:
 
         def run(*flat):
             bufs = flat[:nbufs]
-            rest = flat[nbufs:]
+            offsets = iter(flat[nbufs:nbufs + noffsets])  # the DYNAMIC ones, in input order
+            rest = flat[nbufs + noffsets:]
             packs = rest[:npacks]
             seed, offset = (rest[npacks], rest[npacks + 1]) if seeded else (0, 0)
             consts = dict(zip(const_names, rest[npacks + 2 * seeded:]))
             current = list(bufs)   # storage buffers, updated by in-graph writes
             env = {}
-            for ph, k, part in zip(placeholders, kinds, key):
+            offset_of = {}  # input index -> its offset, static or passed as data
+            for i, (ph, k, part) in enumerate(zip(placeholders, kinds, key)):
                 if k == IN_TPU:
                     shape, stride, offset_, dtype, blen, bdt, j = part
+                    off = offset_of[i] = next(offsets) if offset_ == _storage.DYNAMIC else offset_
                     env[ph] = _storage.reader(tuple(shape), tuple(stride), offset_, blen,
-                                              bdt, dtype)(bufs[j])
+                                              bdt, dtype)(bufs[j], off)
                 elif k != IN_CPU:
                     env[ph] = part
             env.update(zip(feed_nodes, _unpack(packs, feed_specs)))
@@ -220,7 +223,7 @@ class Program:
                 shape, stride, offset_, dtype, blen, bdt, j = key[i]
                 value = jnp.broadcast_to(value.astype(_runtime.jax_dtype(dtype)), tuple(shape))
                 w = _storage.writer(tuple(shape), tuple(stride), offset_, blen, bdt, dtype)
-                current[j] = w(current[j], value)
+                current[j] = w(current[j], value, offset_of[i])
 
             results = graph.trace(env, consts, seed, offset, write)
             flat_outs = []
@@ -239,23 +242,13 @@ class Program:
         metrics.count("compile.executables")
         if len(self.cache):
             metrics.count("compile.respecializations")
-            if len(self.cache) == _MANY_LAYOUTS:
-                warnings.warn(
-                    f"torch_tpu compile: graph {self.name} has now compiled for {_MANY_LAYOUTS + 1} "
-                    "input layouts (sizes, strides): XLA programs have static shapes, so every "
-                    "new size compiles again. Pad inputs to a few fixed sizes to stop this.",
-                    stacklevel=3)
-        jitted = jax.jit(run, compiler_options=_compiler_options())
-
-        def first_call(*flat):
-            # jax traces and compiles on the first call: count that time as compile time
-            t1 = time.perf_counter()
-            result = jitted(*flat)
-            exe.fn = jitted
-            metrics.compile_seconds[0] += time.perf_counter() - t1
-            return result
-
-        exe = Executable(first_call, outs, mut_storages)
+        run.__name__ = "tpu_" + self.name.rstrip("0123456789")  # its XLA module's name
+        jitted = jax.jit(_precision.binding(run, key[-1]), compiler_options=_compiler_options())
+        exe = Executable(None, outs, mut_storages)
+        # the program is timed on its first call (the compile), bounded in the LRU of all
+        # programs, warned about when new shapes keep compiling it: _program_cache
+        exe.fn = admit_compiled(self.cache, key, jitted, self,
+                                [ph.name for ph in placeholders])
         metrics.compile_seconds[0] += time.perf_counter() - t0
         return exe
 

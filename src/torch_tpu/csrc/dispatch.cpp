@@ -9,6 +9,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/native/transformers/attention.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -20,7 +21,7 @@
 
 namespace torch_tpu {
 
-c10::Allocator* device_allocator();  // tpu_ext.cpp
+c10::Allocator* device_allocator();  // memory.cpp
 
 // ---------------------------------------------------------------- attention backend
 // F.scaled_dot_product_attention asks a per-device stub (not an op) which kernel to run.
@@ -55,7 +56,7 @@ const bool g_sdp_choice_set = [] {
 // dict from the dispatcher's argument stack, which OpKernel then normalizes back into
 // the values in schema order with defaults filled in. The stack already is exactly that,
 // so this boxed kernel converts it in place: no tuple, dict or normalize pass. (With the
-// allocator (tpu_ext.cpp) and csrc/slots.h, recording an op in DeferAndFuse went from ~4.1 to
+// allocator (memory.cpp) and csrc/slots.h, recording an op in DeferAndFuse went from ~4.1 to
 // ~3.1 us.) Ops with an argument or return type outside the plain set below keep the
 // Python holder (register_op_kernel says no).
 PyObject* run_op_kernel(PyObject* kernel, PyObject* vals);  // kernel.cpp
@@ -229,9 +230,9 @@ PyObject* empty_with_storage(PyObject*, PyObject* const* args, Py_ssize_t nargs)
     storage = THPStorage_Wrap(t.storage());
     if (storage == nullptr) return nullptr;
     tensor = THPVariable_Wrap(std::move(t));
-  } catch (const std::exception& e) {
+  } catch (...) {  // torch's exception classes (the allocator's torch.OutOfMemoryError)
     Py_XDECREF(storage);
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    torch::translate_exception_to_python(std::current_exception());
     return nullptr;
   }
   if (tensor == nullptr) {

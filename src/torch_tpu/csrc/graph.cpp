@@ -31,7 +31,7 @@ namespace torch_tpu {
 
 PyObject* empty_with_storage(PyObject*, PyObject* const* args, Py_ssize_t nargs);  // dispatch.cpp
 PyObject* user_line(PyObject*, PyObject*);                                          // scan.cpp
-void mark_realized(const c10::Storage& storage);  // tpu_ext.cpp: count the storage's bytes as device memory
+void mark_realized(const c10::Storage& storage);  // memory.cpp: count the storage's bytes as allocated device memory
 extern PyObject* g_record_attr;  // scan.cpp: the storage attribute holding (buffer, length, dtype)
 
 namespace {

@@ -33,6 +33,8 @@ PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs);  /
 PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals);         // scan.cpp
 PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns,
                     PyObject* vals);                                           // graph.cpp
+bool in_bad_fork();                                                            // memory.cpp
+const char* bad_fork_message();                                                // memory.cpp
 
 namespace {
 
@@ -254,6 +256,10 @@ done:
 PyObject* kernel_run(KernelObject* k, PyObject* vals) {
   if (g_executor_fn == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "OpKernel: kernel_setup was not called");
+    return nullptr;
+  }
+  if (in_bad_fork()) {  // a forked child: XLA's threads are gone, any call may hang
+    PyErr_SetString(PyExc_RuntimeError, bad_fork_message());
     return nullptr;
   }
   PyObject* ex = t_current != nullptr ? t_current : g_current;

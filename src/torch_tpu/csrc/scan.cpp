@@ -6,7 +6,9 @@
 // scan(plan, vals) does what OpPlan.scan (eager/opcall.py) does for the common case, and
 // builds the same key (shapes as plain tuples, which hash and compare like torch.Size):
 //   tensors            -> (shape, strides, offset, dtype, buffer length, buffer dtype), and
-//                         the storage record's buffer appended to `bufs`;
+//                         the storage record's buffer appended to `bufs`; a non-zero offset
+//                         that _storage.offset_is_data passes as data is DYNAMIC, its device
+//                         scalar appended to `dyns`;
 //   Python scalars     -> their type, and the cached device scalar appended to `dyns`
 //                         (made and cached through opcall.device_scalar when new);
 //   a number passed for a tensor (a wrapped number: `x + 1e-6`) -> ("#", its type), the
@@ -45,6 +47,8 @@ PyObject* g_make_scalar = nullptr;  // opcall.device_scalar: makes and caches a 
 PyObject* g_cspec = nullptr;    // "cspec": a plan's CSpec (contracts.h)
 PyObject* g_eq = nullptr;       // "=" (the key part of a None/bool scalar)
 PyObject* g_hash = nullptr;     // "#" (the key part of a number passed for a tensor)
+PyObject* g_dynamic = nullptr;  // _storage.DYNAMIC (the key part of an offset passed as data)
+PyObject* g_jax_dtypes = nullptr;  // _runtime.TORCH_TO_JAX: torch dtype -> jax dtype
 
 // A new reference to the tuple of an IntArrayRef.
 PyObject* int_tuple(c10::IntArrayRef xs) {
@@ -82,12 +86,31 @@ PyObject* storage_record(const at::Tensor& t, PyObject** st) {
   return BAIL;
 }
 
+// _storage.offset_is_data: the offset of a view of part of its buffer, which the buffer
+// holds whole in the view's own dtype, goes to the program as data. -1 with a Python
+// error set.
+int offset_is_data(const at::Tensor& t, PyObject* rec) {
+  const int64_t offset = t.storage_offset();
+  int64_t extent = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 0) return 0;
+    extent += (t.size(d) - 1) * t.stride(d);
+  }
+  const int64_t blen = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 1));
+  if (offset + extent > blen || (offset == 0 && extent >= blen)) return 0;
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+  PyObject* jdt = PyDict_GetItemWithError(g_jax_dtypes, dtype);  // borrowed
+  if (jdt == nullptr) return PyErr_Occurred() ? -1 : 0;
+  return PyObject_RichCompareBool(jdt, PyTuple_GET_ITEM(rec, 2), Py_EQ);
+}
+
 // A tensor's key part: (shape, strides, offset, dtype, buffer length, buffer dtype[, extra]).
-PyObject* view_part(const at::Tensor& t, PyObject* rec, PyObject* extra) {
+// With dynamic_offset, the offset is DYNAMIC in the part and the caller passes it as data.
+PyObject* view_part(const at::Tensor& t, PyObject* rec, PyObject* extra, bool dynamic_offset = false) {
   PyObject* part = PyTuple_New(extra == nullptr ? 6 : 7);
   PyObject* shape = int_tuple(t.sizes());
   PyObject* stride = int_tuple(t.strides());
-  PyObject* offset = PyLong_FromLongLong(t.storage_offset());
+  PyObject* offset = dynamic_offset ? (Py_INCREF(g_dynamic), g_dynamic) : PyLong_FromLongLong(t.storage_offset());
   if (part == nullptr || shape == nullptr || stride == nullptr || offset == nullptr) {
     Py_XDECREF(part);
     Py_XDECREF(shape);
@@ -129,7 +152,17 @@ struct Scan {
       Py_DECREF(rec);
       return nullptr;
     }
-    PyObject* part = view_part(t, rec, nullptr);
+    const int dynamic = offset_is_data(t, rec);
+    PyObject* part = nullptr;
+    if (dynamic == 1) {  // the offset's device scalar into dyns, as a number's
+      PyObject* off = PyLong_FromLongLong(t.storage_offset());
+      PyObject* type = off == nullptr ? nullptr : number(off);
+      Py_XDECREF(off);
+      Py_XDECREF(type);
+      if (type != nullptr) part = view_part(t, rec, nullptr, true);
+    } else if (dynamic == 0) {
+      part = view_part(t, rec, nullptr);
+    }
     Py_DECREF(rec);
     return part;
   }
@@ -398,13 +431,22 @@ done:
 
 namespace {
 
-// setup(attr, scalars, make_scalar): the storage attribute's name, opcall's device-scalar
-// cache and the function that fills it.
+// setup(attr, scalars, make_scalar, dynamic, jax_dtypes): the storage attribute's name,
+// opcall's device-scalar cache and the function that fills it, _storage.DYNAMIC and the
+// dtype map (for offset_is_data).
 PyObject* setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || !PyUnicode_Check(args[0]) || !PyDict_Check(args[1]) || !PyCallable_Check(args[2])) {
-    PyErr_SetString(PyExc_TypeError, "setup(attr: str, scalars: dict, make_scalar: callable)");
+  if (nargs != 5 || !PyUnicode_Check(args[0]) || !PyDict_Check(args[1]) || !PyCallable_Check(args[2]) ||
+      !PyDict_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "setup(attr: str, scalars: dict, make_scalar: callable, dynamic: str, jax_dtypes: dict)");
     return nullptr;
   }
+  Py_XDECREF(g_dynamic);
+  Py_XDECREF(g_jax_dtypes);
+  Py_INCREF(args[3]);
+  Py_INCREF(args[4]);
+  g_dynamic = args[3];
+  g_jax_dtypes = args[4];
   Py_XDECREF(g_record_attr);
   Py_XDECREF(g_scalars);
   Py_XDECREF(g_make_scalar);
@@ -422,9 +464,11 @@ PyObject* setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 }  // namespace
 
-// program_scan(kinds, args) -> (parts, bufs, storages), or None: what Program.__call__
-// (compile/program.py) makes of a compiled graph's arguments. kinds: 0 a tpu tensor (part:
-// its view spec and the index of its storage's buffer in bufs, one per distinct storage),
+// program_scan(kinds, args) -> (parts, bufs, storages, offsets), or None: what
+// Program.__call__ (compile/program.py) makes of a compiled graph's arguments. kinds: 0 a
+// tpu tensor (part: its view spec, with a DYNAMIC offset whose device scalar is appended
+// to offsets as the eager scan does, and the index of its storage's buffer in bufs, one
+// per distinct storage),
 // 1 a CPU tensor (None), 2 an int, 3 anything else (itself). None when a tpu input's storage
 // has no buffer yet: the Python makes one.
 namespace {
@@ -441,8 +485,9 @@ PyObject* program_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* parts = PyList_New(n);
   PyObject* bufs = PyList_New(0);
   PyObject* storages = PyList_New(0);
+  Scan offsets{nullptr, PyList_New(0), nullptr};  // number() puts device scalars in .dyns
   std::unordered_map<PyObject*, Py_ssize_t> seen;  // storage object -> its index in bufs
-  bool ok = parts != nullptr && bufs != nullptr && storages != nullptr;
+  bool ok = parts != nullptr && bufs != nullptr && storages != nullptr && offsets.dyns != nullptr;
   bool bail = false;
   for (Py_ssize_t i = 0; ok && i < n; ++i) {
     PyObject* a = PyList_GET_ITEM(args[1], i);
@@ -469,8 +514,16 @@ PyObject* program_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         } else {
           j = it->second;
         }
-        PyObject* idx = ok ? PyLong_FromSsize_t(j) : nullptr;
-        part = idx == nullptr ? nullptr : view_part(t, rec, idx);
+        const int dynamic = ok ? offset_is_data(t, rec) : -1;
+        if (dynamic == 1) {
+          PyObject* off = PyLong_FromLongLong(t.storage_offset());
+          PyObject* type = off == nullptr ? nullptr : offsets.number(off);
+          Py_XDECREF(off);
+          Py_XDECREF(type);
+          ok = type != nullptr;
+        }
+        PyObject* idx = ok && dynamic >= 0 ? PyLong_FromSsize_t(j) : nullptr;
+        part = idx == nullptr ? nullptr : view_part(t, rec, idx, dynamic == 1);
         Py_XDECREF(idx);
         Py_DECREF(rec);
         Py_DECREF(st);  // `storages` holds it (so its address stays unique in `seen`)
@@ -493,10 +546,11 @@ PyObject* program_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     PyList_SET_ITEM(parts, i, part);
   }
-  PyObject* result = ok && !bail ? PyTuple_Pack(3, parts, bufs, storages) : nullptr;
+  PyObject* result = ok && !bail ? PyTuple_Pack(4, parts, bufs, storages, offsets.dyns) : nullptr;
   Py_XDECREF(parts);
   Py_XDECREF(bufs);
   Py_XDECREF(storages);
+  Py_XDECREF(offsets.dyns);
   if (bail && !PyErr_Occurred()) Py_RETURN_NONE;
   return result;
 }
@@ -509,13 +563,13 @@ namespace {
 
 PyMethodDef g_methods[] = {
     {"scan_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(setup)), METH_FASTCALL,
-     "scan_setup(attr, scalars, make_scalar): the storage attribute, the device-scalar cache and its filler"},
+     "scan_setup(attr, scalars, make_scalar, dynamic, jax_dtypes): the storage attribute, the device-scalar cache and its filler, the dynamic-offset marker and the dtype map"},
     {"normalize", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(normalize)), METH_FASTCALL,
      "normalize(plan, args, kwargs) -> the argument values in schema order, defaults filled in"},
     {"scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(scan)), METH_FASTCALL,
      "scan(plan, vals) -> (key, bufs, dyns), or None where OpPlan.scan's Python must do it"},
     {"program_scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(program_scan)), METH_FASTCALL,
-     "program_scan(kinds, args) -> (parts, bufs, storages) of a compiled graph's call, or None"},
+     "program_scan(kinds, args) -> (parts, bufs, storages, offsets) of a compiled graph's call, or None"},
     {"user_line", user_line, METH_NOARGS,
      "user_line() -> (file, line) of the innermost caller whose code is not internal"},
     {"frames_setup", frames_setup, METH_O,

@@ -1,14 +1,11 @@
 // The C++ piece of torch_tpu: what torch will not take from Python.
 //
-// - an allocator for PrivateUse1 whose addresses are unique and non-null but never
-//   dereferenced: the bytes live in an XLA buffer that Python attaches to the storage;
-//   the allocator only gives each storage an identity and a size (deepcopy, torch.load,
-//   HF's shared-tensor check and nbytes all need one) and counts live bytes;
+// - the device allocator is memory.cpp's (identities, sizes and the memory accounting);
 // - the metadata kernels (empty, views, resize_, set_) registered from at::native;
 // - a generator (seed + offset, consumed by the Python random lowerings);
 // - the device guard and the PrivateUse1 hooks (pinned memory, generators, resize);
 // - the Python module _C, whose other functions come from dispatch.cpp (the boxed op
-//   kernel, attention backend, autocast rules), scan.cpp, graph.cpp and kernel.cpp.
+//   kernel, attention backend, autocast rules), memory.cpp, scan.cpp, graph.cpp and kernel.cpp.
 #include <torch/extension.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -79,68 +76,11 @@ std::string index_error(c10::DeviceIndex d) {
 
 void check_index(c10::DeviceIndex d) { TORCH_CHECK(own_index(d), index_error(d)); }
 
-// ---------------------------------------------------------------- device allocator
-// Bytes are counted when a storage's XLA buffer first exists (Python calls
-// mark_realized), not when torch allocates the storage: DeferAndFuse creates storages for
-// values that may never get a buffer, and memory_allocated() reports real device bytes.
-std::atomic<int64_t> g_allocated{0};
-std::atomic<int64_t> g_peak{0};
-std::atomic<uint64_t> g_next_addr{uint64_t(1) << 44};  // far from any host mapping
-// Strict and Debug give every new storage its buffer at once, so allocations count as
-// device memory from the start; DeferAndFuse turns this off and marks storages as their
-// buffers appear at a flush.
-std::atomic<bool> g_lazy_alloc{false};
-
-// What a storage's DataPtr carries as its context: no global table, so allocating and
-// freeing a storage (once per recorded op) takes no lock.
-struct AllocInfo {
-  size_t nbytes;
-  std::atomic<bool> realized;
-};
-
-void count_up(int64_t n) {
-  int64_t now = (g_allocated += n);
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
-}
-
-void tpu_delete(void* ctx) {
-  auto* info = static_cast<AllocInfo*>(ctx);
-  if (info->realized.load()) g_allocated -= static_cast<int64_t>(info->nbytes);
-  delete info;
-}
-
-struct TpuAllocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t nbytes) override {
-    // Every storage gets its own address range, so data_ptr()-based identity checks
-    // (HF's shared-tensor detection, torch.save's storage dedup) see distinct storages.
-    size_t span = ((nbytes + 63) / 64) * 64 + 64;
-    void* addr = reinterpret_cast<void*>(g_next_addr.fetch_add(span));
-    const bool realized = !g_lazy_alloc.load(std::memory_order_relaxed);
-    auto* info = new AllocInfo{nbytes, realized};
-    if (realized) count_up(static_cast<int64_t>(nbytes));
-    return {addr, info, &tpu_delete, own_device()};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  void copy_data(void*, const void*, std::size_t) const override {
-    TORCH_CHECK(false, "tpu storages hold no host bytes; copy through a tensor instead");
-  }
-};
-TpuAllocator g_allocator;
-REGISTER_ALLOCATOR(kTPU, &g_allocator);
-
-AllocInfo* alloc_info(const c10::Storage& storage) {
-  const c10::DataPtr& dp = storage.data_ptr();
-  return dp.get_deleter() == &tpu_delete ? static_cast<AllocInfo*>(dp.get_context()) : nullptr;
-}
-
-void mark_realized(const c10::Storage& storage) {
-  AllocInfo* info = alloc_info(storage);
-  bool was = false;
-  if (info != nullptr && info->realized.compare_exchange_strong(was, true))
-    count_up(static_cast<int64_t>(info->nbytes));
-}
+// ---------------------------------------------------------------- the device allocator
+c10::Allocator* device_allocator();               // memory.cpp
+bool is_realized(const c10::Storage& storage);    // memory.cpp: its bytes count as allocated
+void mark_realized(const c10::Storage& storage);  // memory.cpp: they do from now on
+void add_memory_functions(PyObject* module);      // memory.cpp: the accounting, fork
 
 // ---------------------------------------------------------------- pinned host memory
 std::mutex g_pinned_mu;
@@ -238,9 +178,8 @@ void resize_bytes(const c10::Storage& storage, size_t newsize) {
   // here the storage only gets a fresh identity of the new size.
   auto* impl = storage.unsafeGetStorageImpl();
   TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
-  AllocInfo* info = alloc_info(storage);
-  const bool was_realized = info != nullptr && info->realized.load();
-  impl->set_data_ptr_noswap(g_allocator.allocate(newsize));
+  const bool was_realized = is_realized(storage);
+  impl->set_data_ptr_noswap(device_allocator()->allocate(newsize));
   impl->set_nbytes(newsize);
   if (was_realized) mark_realized(storage);
 }
@@ -328,7 +267,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
                                std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format) {
   check_device(device);
-  return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+  return at::detail::empty_generic(size, device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
 
@@ -336,7 +275,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<at::Layout> layout, std::optional<at::Device> device,
                          std::optional<bool> pin_memory) {
   check_device(device);
-  return at::detail::empty_strided_generic(size, stride, &g_allocator,
+  return at::detail::empty_strided_generic(size, stride, device_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));
 }
@@ -398,7 +337,7 @@ at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
-  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, &g_allocator, /*resizable=*/true);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, device_allocator(), /*resizable=*/true);
   return set_storage(self, std::move(storage), 0, {0}, {});
 }
 
@@ -419,7 +358,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", set_storage);
 }
 
-c10::Allocator* device_allocator() { return &g_allocator; }
 
 void add_dispatch_functions(PyObject* module);  // dispatch.cpp: register_op_kernel, empty_with_storage
 void add_scan_functions(PyObject* module);   // scan.cpp: the executors' per-op key scan
@@ -437,9 +375,7 @@ PYBIND11_MODULE(_C, m) {
   torch_tpu::add_graph_functions(m.ptr());
   torch_tpu::add_kernel_functions(m.ptr());
   torch_tpu::add_dispatch_functions(m.ptr());
-  m.def("memory_allocated", []() { return torch_tpu::g_allocated.load(); });
-  m.def("max_memory_allocated", []() { return torch_tpu::g_peak.load(); });
-  m.def("reset_peak_memory_stats", []() { torch_tpu::g_peak = torch_tpu::g_allocated.load(); });
+  torch_tpu::add_memory_functions(m.ptr());  // memory.cpp
   m.def("default_generator", []() {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(torch_tpu::default_generator()));
@@ -448,11 +384,6 @@ PYBIND11_MODULE(_C, m) {
     if (!torch_tpu::g_sync_fn) torch_tpu::g_sync_fn = new py::object();  // leaked: outlives interpreter teardown
     *torch_tpu::g_sync_fn = std::move(fn);
   });
-  m.def("mark_realized", [](py::handle storage) {
-    if (!THPStorage_Check(storage.ptr())) throw py::type_error("mark_realized(storage)");
-    torch_tpu::mark_realized(THPStorage_Unpack(storage.ptr()));
-  });
-  m.def("set_lazy_allocations", [](bool lazy) { torch_tpu::g_lazy_alloc = lazy; });
   m.def("is_pinned_ptr", [](uint64_t p) {
     std::lock_guard<std::mutex> lock(torch_tpu::g_pinned_mu);
     return torch_tpu::g_pinned.count(reinterpret_cast<void*>(p)) > 0;

@@ -21,6 +21,13 @@ The coordinator listens on rank 0's address on the interface that routes to
 MASTER_ADDR. Overrides: TORCH_TPU_DIST_HOSTNAME (this host's address, for the
 coordinator and gloo), TORCH_TPU_COORDINATOR (a fixed `host:port` for the coordinator).
 
+Failures, as NCCL's async error handling: a rank that dies (a SIGKILL, the OOM killer;
+rank 0, JAX's coordinator, included), raises, hangs past the group timeout or issues a
+mismatched collective ends every rank within about a second of the failure, each
+printing one message that names the rank at fault (`_liveness.py`, `_watchdog.py`,
+`_bootstrap.fail`). A failed or refused collective never hands its data out: the read
+raises (or the process has ended) first.
+
 The other TORCH_TPU_DIST_* settings (heartbeat, async error handling, the collective
 check, the early start under torchrun) are declared in `torch_tpu/_config.py`;
 `python -m torch_tpu settings` lists them all.

@@ -13,11 +13,14 @@ own address and publishes `host:port` through the torch store; the others read i
 JAX process id is the torch global rank.
 
 Failure policy (a hung job is the worst outcome):
-  - a process that dies with an uncaught exception exits at once, skipping JAX's shutdown
-    barrier, so its peers see closed connections within a second and fail fast instead of
-    waiting in a collective until their timeout;
-  - `fail()` (the watchdog's verdict on a failed or timed-out collective) prints one clear
-    message and exits the process, as NCCL's async error handling does.
+  - a process that dies with an uncaught exception tells the others (through the links of
+    `_liveness.py`) and exits at once, skipping JAX's shutdown barrier, so its peers stop
+    within a second instead of waiting in a collective until their timeout;
+  - `fail()` is the one place a fatal distributed error is reported (a failed, refused or
+    timed-out collective, a peer's death): the first one is printed once, naming the rank
+    at fault, and the process exits, as NCCL's async error handling does. With
+    TORCH_TPU_DIST_ASYNC_ERROR_HANDLING=0 it is printed and kept instead: every later
+    collective and every read of a device value raises it.
 """
 from __future__ import annotations
 
@@ -28,13 +31,19 @@ import socket
 import sys
 import threading
 import time
+import traceback
 
 from .. import _config
+from . import _liveness
 
-_state = {"rank": None, "world": None, "host": None, "crashed": False, "hooks": False}
+_state = {"rank": None, "world": None, "host": None, "crashed": None, "hooks": False,
+          "failure": None, "failure_cls": None}
 _lock = threading.RLock()
+_fail_lock = threading.Lock()
 _KEY = "tpu_dist/jax_coordinator"
+_ABORT = _config.get("TORCH_TPU_DIST_ASYNC_ERROR_HANDLING")
 _crash_hooks: list = []  # called with the uncaught exception before a crashed process exits
+_context_hooks: list = []  # -> what this rank was doing (the collective in flight), or ""
 
 
 class DistInitError(RuntimeError):
@@ -47,6 +56,10 @@ def is_initialized() -> bool:
 
 def rank() -> int:
     return _state["rank"]
+
+
+def world() -> int:
+    return _state["world"] or 1
 
 
 def host() -> str:
@@ -99,13 +112,15 @@ def _publish_or_read(store, rank_: int, timeout: float) -> str:
     """Rank 0 publishes the coordinator address in the torch store; the others wait for it
     (the store's own timeout, which init_process_group sets, bounds the wait)."""
     explicit = _config.get("TORCH_TPU_COORDINATOR")
-    if explicit:
-        return explicit
     if rank_ == 0:
         host = _own_address(os.environ.get("MASTER_ADDR"))
-        addr = f"{host}:{_free_port(host)}"
+        # the links' hub first: whoever reads the coordinator's address finds it too
+        store.set(_liveness.KEY, _liveness.listen(host))
+        addr = explicit or f"{host}:{_free_port(host)}"
         store.set(_KEY, addr)
         return addr
+    if explicit:
+        return explicit
     try:
         return store.get(_KEY).decode()
     except Exception as e:  # noqa: BLE001  (DistStoreError, timeouts)
@@ -152,10 +167,11 @@ def initialize(store, rank_: int, world: int, timeout: float) -> None:
         if backend_started():
             raise DistInitError(_started_too_early())
         addr = _publish_or_read(store, rank_, timeout)
-        _start(addr, rank_, world, timeout)
+        links = None if rank_ == 0 else store.get(_liveness.KEY).decode()
+        _start(addr, links, rank_, world, timeout)
 
 
-def _start(addr: str, rank_: int, world: int, timeout: float) -> None:
+def _start(addr: str, links: str | None, rank_: int, world: int, timeout: float) -> None:
     import jax
 
     host, port = addr.rsplit(":", 1)
@@ -172,8 +188,11 @@ def _start(addr: str, rank_: int, world: int, timeout: float) -> None:
     # The JAX preemption service only polls the coordinator; it has no use here and its
     # warnings would bury the real error when a peer dies.
     jax.config.update("jax_enable_preemption_service", False)
+    # JAX's client on the other ranks goes through a relay, so that rank 0's death is
+    # reported by tpu_dist, naming rank 0, instead of JAX's instant absl FATAL
+    jax_addr = addr if rank_ == 0 else _liveness.relay(addr)
     jax.distributed.initialize(
-        coordinator_address=addr, num_processes=world, process_id=rank_,
+        coordinator_address=jax_addr, num_processes=world, process_id=rank_,
         local_device_ids=None, cluster_detection_method="deactivate",
         initialization_timeout=max(int(timeout), 1),
         heartbeat_timeout_seconds=heartbeat,
@@ -181,6 +200,13 @@ def _start(addr: str, rank_: int, world: int, timeout: float) -> None:
         coordinator_bind_address=f"{host}:{port}" if loopback else None)
     _state.update(rank=rank_, world=world, host=own)
     _install_exit_hooks()
+    if rank_ != 0:
+        _liveness.arm()
+        try:
+            _liveness.connect(links, rank_, timeout)
+        except OSError as e:
+            raise DistInitError(f"tpu_dist: rank {rank_} could not link to rank 0 at {links} "
+                                f"(rank 0 died during start-up?): {e}") from e
 
 
 def _started_too_early() -> str:
@@ -238,24 +264,37 @@ def _install_exit_hooks() -> None:
     previous = sys.excepthook
 
     def excepthook(tp, value, tb):
-        _state["crashed"] = True
-        previous(tp, value, tb)
-        # An error from a failed collective often surfaces at an unrelated read (.item(),
-        # .cpu()) as a raw XLA error: say which collective failed and why.
+        # A raw XLA error from a failed collective can surface at an op that consumed the
+        # collective's result: a crash hook gives the collective's own error instead (or,
+        # with async error handling on, reports it and exits: `fail`).
         for hook in _crash_hooks:
             try:
-                hook(value)
+                better = hook(value)
             except Exception:  # noqa: BLE001
-                pass
+                better = None
+            if better is not None:
+                tp, value = type(better), better
+                break
+        _state["crashed"] = "".join(traceback.format_exception_only(tp, value)).strip()
+        with _fail_lock:  # a watchdog's exit waits until the traceback is out
+            previous(tp, value, tb)
 
     sys.excepthook = excepthook
-    # Registered after JAX's own atexit handler, so it runs first.
-    atexit.register(_exit_now_if_crashed)
+    # Registered after JAX's own atexit handlers, so it runs first.
+    atexit.register(_at_exit)
+    _liveness.on_lost(peer_lost)
 
 
-def _exit_now_if_crashed() -> None:
+def _at_exit() -> None:
     if _state["crashed"]:
+        _liveness.leaving("error", f"uncaught {_state['crashed']}")
         _hard_exit(1)
+    if _state["failure"] is not None:
+        # the script caught the error and ended; JAX's shutdown barrier would wait for
+        # the rank that failed, so leave without it, with the job's failure as the status
+        _liveness.leaving("error", _state["failure"])
+        _hard_exit(1)
+    _liveness.leaving("ok")
 
 
 def _hard_exit(code: int) -> None:
@@ -269,10 +308,42 @@ def _hard_exit(code: int) -> None:
     os._exit(code)
 
 
-def fail(message: str) -> None:
-    """Report a fatal distributed error from any thread and end this process."""
-    stamp = time.strftime("%H:%M:%S")
-    text = f"\n[tpu_dist rank {_state['rank']} {stamp}] {message}\n"
+def failure() -> str | None:
+    """The fatal distributed error this process recorded, if any."""
+    return _state["failure"]
+
+
+def failure_error() -> Exception:
+    """The recorded failure as the exception to raise."""
+    import torch.distributed as dist
+
+    return (_state["failure_cls"] or dist.DistBackendError)(_state["failure"])
+
+
+def raise_if_failed() -> None:
+    if _state["failure"] is not None:
+        raise failure_error()
+
+
+def fail(message: str, cls=None) -> Exception:
+    """Report a fatal distributed error, from any thread. The first one is printed, once;
+    with async error handling on (the default) the process then exits, so this returns
+    only with it off, giving the error for the caller to raise (every later collective
+    and device read raises it too: `cls`, default DistBackendError)."""
+    with _fail_lock:
+        if _state["failure"] is None:
+            _state["failure"], _state["failure_cls"] = message, cls
+            note = (" Exiting this process so the job does not hang "
+                    "(TORCH_TPU_DIST_ASYNC_ERROR_HANDLING=0 to raise instead)." if _ABORT else "")
+            _write(f"[tpu_dist rank {_state['rank']} {time.strftime('%H:%M:%S')}] "
+                   f"{message}{note}")
+        if _ABORT:  # inside the lock: a second caller waits here for the exit
+            _liveness.leaving("error", _state["failure"])
+            _hard_exit(1)
+    return failure_error()
+
+
+def _write(text: str) -> None:
     try:  # flush what Python buffered, then write straight to the file descriptor: the
         # main thread may be inside a write to the same stream, whose buffer this
         # thread then cannot flush before the exit
@@ -280,7 +351,28 @@ def fail(message: str) -> None:
     except Exception:  # noqa: BLE001
         pass
     try:
-        os.write(2, text.encode("utf-8", "replace"))
+        os.write(2, f"\n{text}\n".encode("utf-8", "replace"))
     except OSError:
         pass
-    _hard_exit(1)
+
+
+def peer_lost(rank_: int, how: str, detail: str) -> None:
+    """A peer died (its link closed without a word) or stopped on an error (it said so)."""
+    if how == "died":
+        what = (f"rank {rank_} died: its process ended without a word (killed by a signal "
+                "such as SIGKILL or the OOM killer, or crashed in native code); see its log "
+                "and exit status.")
+        if rank_ == 0:
+            what += " Rank 0 also ran JAX's coordination service, so the job cannot go on."
+    else:
+        detail = detail.strip().removeprefix("tpu_dist: ")
+        what = f"rank {rank_} stopped on an error: {detail or 'see its log'}"
+        if not what.endswith((".", "\n")):
+            what += "."
+    doing = ""
+    for hook in _context_hooks:
+        try:
+            doing = hook() or doing
+        except Exception:  # noqa: BLE001
+            pass
+    fail(f"tpu_dist: {what} {doing or 'This rank had no collective in flight.'}")

@@ -1,40 +1,55 @@
-"""The watchdog: every collective in flight is checked until it completes.
+"""The watchdog: every collective in flight is checked until it completes, and no value
+a failed or refused collective fed reaches user code.
 
 Collectives are asynchronous (their results are XLA futures, as a NCCL stream's are), so
 a failure or a hang would otherwise surface only when someone reads a value, or never.
 A daemon thread looks at the oldest unfinished collective of each group:
   - it finished with an error (a peer died: gloo sees the closed connection at once) ->
-    a clear message, then the process exits;
-  - it has run longer than the group's timeout (`init_process_group(timeout=...)`) ->
-    the same.
+    the links (`_liveness.py`) name the dead rank within milliseconds: one message
+    naming it, then the process exits;
+  - it was refused (the members issued different collectives) -> the mismatch, rank by
+    rank; it has run longer than the group's timeout -> the same, as NCCL's watchdog.
 Exiting, rather than raising later at some unrelated `.item()`, is what NCCL's async error
-handling does and what keeps a job from hanging: the surviving ranks all stop within
-seconds, with the first error printed. `TORCH_TPU_DIST_ASYNC_ERROR_HANDLING=0` only
-prints the message and lets the error surface at the next read.
+handling does and what keeps a job from hanging (`_bootstrap.fail`: the policy, and
+TORCH_TPU_DIST_ASYNC_ERROR_HANDLING=0 to raise instead).
+
+A refused collective's outputs are zeros, and a failed one's are XLA errors. Every read
+of a device value (`_runtime.guard_reads`: .item(), .cpu(), printing, torch.save,
+synchronize) therefore checks, once the value arrived, the newest finished collective of
+each group (one 4-byte read, once per collective): its token is negative after a refusal
+anywhere earlier in the chain, so a read never hands out a refused collective's zeros,
+even before this thread had a look. A raw XLA error at a read becomes the collective's
+own error.
 """
 from __future__ import annotations
 
 import atexit
 import collections
+import re
 import threading
 import time
 
-from .. import _config
-from . import _bootstrap
 import numpy as np
+from jax.errors import JaxRuntimeError
 
-from .collectives import explain, local, mismatch_message
+from .. import _config, _runtime
+from . import _bootstrap, _liveness
+from .collectives import CollectiveMismatch, explain, local, mismatch_message
 
 _POLL_S = _config.get("TORCH_TPU_DIST_WATCHDOG_POLL_S")
-_ABORT = _config.get("TORCH_TPU_DIST_ASYNC_ERROR_HANDLING")
+# How long a collective that failed on a closed connection waits for the links to name
+# the peer that died (they report within milliseconds; this bounds a lost notice).
+_NAME_WAIT_S = 2.0
 
 
 class _Entry:
-    __slots__ = ("gm", "token", "rows", "name", "ranks", "t0", "what", "timeout")
+    __slots__ = ("gm", "name", "ok", "ranks", "rows", "seq", "t0", "timeout", "token", "what")
 
     def __init__(self, gm, what, timeout):
         self.gm = gm
+        self.seq = 0  # its number among this rank's collectives on the group
         self.token = self.rows = None  # set once the dispatch returned
+        self.ok = False  # its token was read: it ran
         self.name, self.ranks = gm.name, gm.ranks
         self.t0, self.what, self.timeout = time.monotonic(), what, timeout
 
@@ -45,9 +60,9 @@ class _Entry:
 
 # group mesh id -> its in-flight programs, oldest first (a group's programs finish in order)
 _chains: dict = {}
+_issued: dict = {}  # group name -> how many collectives this rank issued on it
 _lock = threading.Lock()
 _thread = [None]
-_reported = [False]
 
 
 def begin(gm, what, timeout: float) -> _Entry:
@@ -58,6 +73,7 @@ def begin(gm, what, timeout: float) -> _Entry:
     description (built only when reporting)."""
     entry = _Entry(gm, what, timeout)
     with _lock:
+        entry.seq = _issued[gm.name] = _issued.get(gm.name, 0) + 1
         chain = _chains.get(id(gm))
         if chain is None:
             chain = _chains[id(gm)] = collections.deque()
@@ -124,18 +140,54 @@ def _loop() -> None:
             done = []
             while chain and chain[0].token is not None and chain[0].token.is_ready():
                 done.append(chain.popleft())
-            if done and _verdict(done[-1]) is not None:
+            if done and not done[-1].ok and _verdict(done[-1]) is not None:
                 # a failure or refusal poisons every later token of its group, so the
                 # first bad one among these is where it started
                 entry, verdict = _first_failure(done)
                 if entry is not None:
                     _report(entry, verdict)
             if chain and now - chain[0].t0 > chain[0].timeout:
-                _report(chain[0], f"did not complete within the timeout of "
-                                  f"{chain[0].timeout:.0f} s (init_process_group(timeout=...)): "
-                                  "a rank is hung, stopped, or never issued the matching "
-                                  "collective")
+                entry = chain[0]
+                _report(entry, f"did not complete within the timeout of {entry.timeout:.0f} s "
+                               f"(init_process_group(timeout=...)): {_laggards(entry)}")
                 chain.popleft()
+
+
+def _laggards(entry) -> str:
+    """Which members of a timed-out collective's group never issued it, asked over the
+    links: the ranks behind, the ranks that did not answer, the ranks already gone."""
+    me = _bootstrap.rank()
+    counts = _liveness.ask(entry.name, _bootstrap.world(), _NAME_WAIT_S) or {}
+    behind = [f"rank {r} has issued only {counts[r] or 0}" for r in entry.ranks
+              if r != me and r in counts and (counts[r] or 0) < entry.seq]
+    finished = [r for r in _liveness.finished_peers() if r in entry.ranks]
+    silent = [r for r in entry.ranks if r != me and r not in counts and r not in finished
+              and r not in _liveness.left]
+    parts = []
+    if behind:
+        parts.append(f"{'; '.join(behind)} collective(s) on this group (this one is "
+                     f"#{entry.seq} here): it is hung or stopped outside a collective, still "
+                     "busy, or took another path")
+    if silent:
+        parts.append(f"rank(s) {_join(silent)} did not answer (hung with Python blocked, "
+                     "or unreachable)")
+    parts.append(_finished_note(entry.ranks))
+    parts = [p for p in parts if p]
+    if not parts:
+        return "a rank is hung, stopped, or never issued the matching collective"
+    return "; ".join(parts)
+
+
+def _join(ranks) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def _finished_note(ranks) -> str:
+    gone = [r for r in _liveness.finished_peers() if r in ranks]
+    if not gone:
+        return ""
+    return (f"rank(s) {_join(gone)} already finished their script and cannot take part "
+            "in it")
 
 
 def _first_failure(chain):
@@ -153,7 +205,51 @@ def _describe(entry, verdict: str) -> str:
         what = "a collective"
     if verdict.startswith("tpu_dist: mismatched"):
         return f"{what}: {verdict}"
-    return f"{what}, issued {time.monotonic() - entry.t0:.1f} s ago, {verdict}."
+    return f"tpu_dist: {what}, issued {time.monotonic() - entry.t0:.1f} s ago, {verdict}."
+
+
+def _report(entry, verdict: str) -> Exception:
+    """Report a failed, refused or timed-out collective (`_bootstrap.fail`: once, then
+    the exit by default); -> the error to raise when the process goes on."""
+    if verdict.startswith("failed") and _blame_peer(_NAME_WAIT_S):
+        return _bootstrap.failure_error()
+    if entry.gm.failure is None:
+        entry.gm.failure = _describe(entry, verdict)
+    mismatch = verdict.startswith("tpu_dist: mismatched")
+    return _bootstrap.fail(entry.gm.failure, CollectiveMismatch if mismatch else None)
+
+
+# The XLA statuses of a failed execution (JAX raises them as JaxRuntimeError, or as
+# ValueError when a dispatch meets an input buffer that holds a failed program's error);
+# not an out-of-memory or an invalid program, which are this rank's own errors.
+_FAILED_STATUS = re.compile(r"^(UNKNOWN|INTERNAL|UNAVAILABLE|ABORTED|CANCELLED|"
+                            r"DEADLINE_EXCEEDED|FAILED_PRECONDITION|DATA_LOSS): ")
+
+
+def is_runtime_error(exc) -> bool:
+    """Whether `exc` is XLA reporting a failed execution (of a collective, or of a program
+    fed by one), rather than an error of the program itself."""
+    if isinstance(exc, JaxRuntimeError):
+        return not str(exc).startswith(("RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"))
+    return isinstance(exc, ValueError) and bool(_FAILED_STATUS.match(str(exc)))
+
+
+def dispatch_failed(entry, exc) -> Exception:
+    """Issuing a collective raised (an input came from a failed collective, a peer is
+    gone): the error to raise, after reporting it."""
+    return _report(entry, f"failed: {explain(str(exc))}")
+
+
+def _blame_peer(wait: float) -> bool:
+    """A collective failed on a closed connection: if the links know (or learn within
+    `wait` s) that a peer died or stopped on an error, report that, naming the rank."""
+    if not _liveness.wait_for_news(wait):
+        return False
+    for rank, (how, detail) in list(_liveness.left.items()):
+        if how != "ok":
+            _bootstrap.peer_lost(rank, how, detail)
+            return True
+    return False
 
 
 def wait(gm, timeout_s: float, what: str) -> None:
@@ -161,72 +257,100 @@ def wait(gm, timeout_s: float, what: str) -> None:
     earlier one on the group) failed, or after `timeout_s`."""
     import torch.distributed as dist
 
-    from .collectives import CollectiveMismatch, translate
-
     tok = local(gm.token)
     deadline = time.monotonic() + timeout_s
     delay = 1e-5
     while not tok.is_ready():
+        if _bootstrap.failure() is not None:
+            raise _bootstrap.failure_error()
         if time.monotonic() > deadline:
+            with _lock:
+                chain = list(_chains.get(id(gm), ()))
             raise dist.DistBackendError(
-                f"tpu_dist: {what} did not complete within {timeout_s:.0f} s: a rank is "
-                "hung, stopped, or never reached it")
+                f"tpu_dist: {what} did not complete within {timeout_s:.0f} s: "
+                + (_laggards(chain[-1]) if chain else "a rank is hung, stopped, or never "
+                   "reached it"))
         time.sleep(delay)
         delay = min(delay * 2, 0.01)
+    _check_finished()
+
+
+# ---------------------------------------------------------------- reads
+def _check_finished() -> None:
+    """Raise (or exit) if the newest finished collective of some group failed or was
+    refused: a value read now may come from it."""
+    if _bootstrap.failure() is not None:
+        raise _bootstrap.failure_error()
+    with _lock:
+        chains = [list(c) for c in _chains.values() if c]
+    for entries in chains:
+        for i in range(len(entries) - 1, -1, -1):
+            entry = entries[i]
+            if entry.token is None or not entry.token.is_ready():
+                continue
+            if entry.ok:
+                break
+            if _verdict(entry) is None:
+                entry.ok = True
+                break
+            first, verdict = _first_failure(entries[:i + 1])
+            if first is None:  # refused only for an earlier failure, already popped
+                first, verdict = entry, ("was skipped because an earlier collective on "
+                                         "its group failed")
+            raise _report(first, verdict)
+
+
+def _guard_read(error) -> None:
+    """`_runtime.guard_reads`: after every read of device values."""
+    if not _bootstrap.is_initialized() or _bootstrap.world() <= 1:
+        return
+    if error is None:
+        _check_finished()
+        return
+    better = _explain_crash(error)
+    if better is not None:
+        raise better from None
+
+
+def _in_flight() -> str:
+    """What this rank was doing: the oldest collective not known to have run."""
+    with _lock:
+        entries = [e for c in _chains.values() for e in list(c) if not e.ok]
+    if not entries:
+        return ""
+    e = min(entries, key=lambda e: e.t0)
     try:
-        value = int(np.asarray(tok)[0])
-    except Exception as e:  # noqa: BLE001
-        raise translate(e) from None
-    if value >= 0:
-        return
-    if gm.failure is None:
-        with _lock:
-            chain = [e for e in _chains.get(id(gm), ()) if e.token is not None]
-        entry, verdict = _first_failure(chain)
-        if entry is not None:
-            gm.failure = _describe(entry, verdict)
-    raise CollectiveMismatch(gm.failure or f"tpu_dist: {what} was skipped because an earlier "
-                             f"collective on group {gm.name!r} failed")
+        what = e.what()
+    except Exception:  # noqa: BLE001
+        what = "a collective"
+    return f"This rank was in {what}, issued {time.monotonic() - e.t0:.1f} s ago."
 
 
-def _report(entry, verdict: str) -> None:
-    if entry.gm.failure is None:
-        entry.gm.failure = _describe(entry, verdict)
-    if _reported[0]:
-        return
-    _reported[0] = True
-    msg = entry.gm.failure
-    if _ABORT:
-        _bootstrap.fail(msg + " Exiting this process so the job does not hang "
-                              "(TORCH_TPU_DIST_ASYNC_ERROR_HANDLING=0 to only report).")
-    else:
-        import sys
-
-        sys.stderr.write(f"\n[tpu_dist rank {_bootstrap.rank()}] {msg}\n")
-
-
-def _explain_crash(exc) -> None:
-    """On an uncaught exception: report the first failed collective still pending (the
-    likely cause), or explain a raw collective error."""
+def _explain_crash(exc) -> Exception | None:
+    """A raw XLA error from a collective (at a read, or an uncaught one at an op that
+    consumed a collective's result) -> the collective's own error: the first failed
+    collective still pending, or the peer the links blame, or the error in words. Any
+    other exception is left as it is."""
+    if not is_runtime_error(exc):
+        return None
+    if _bootstrap.failure() is not None:
+        return _bootstrap.failure_error()
     with _lock:
         chains = [[e for e in c if e.token is not None and e.token.is_ready()]
                   for c in _chains.values()]
     for chain in chains:
         entry, verdict = _first_failure(chain)
         if entry is not None:
-            if entry.gm.failure is None:
-                entry.gm.failure = _describe(entry, verdict)
-            if not _reported[0]:
-                _reported[0] = True
-                import sys
-
-                sys.stderr.write(f"\n[tpu_dist rank {_bootstrap.rank()}] {entry.gm.failure}\n")
-            return
+            return _report(entry, verdict)
     text = str(exc)
-    if "Gloo" in text or "collective" in text.lower():
-        import sys
-
-        sys.stderr.write(f"\n[tpu_dist rank {_bootstrap.rank()}] {explain(text)}\n")
+    if not any(s in text.lower() for s in ("gloo", "nccl", "collective")):
+        return None  # not from a collective (an op's own error): left as it is
+    if _blame_peer(_NAME_WAIT_S):
+        return _bootstrap.failure_error()
+    return _bootstrap.fail(explain(text))
 
 
 _bootstrap._crash_hooks.append(_explain_crash)
+_liveness.on_progress(_issued.get)
+_bootstrap._context_hooks.append(_in_flight)
+_runtime.guard_reads(_guard_read)

@@ -26,11 +26,13 @@ reduces into the same memory (no fresh multi-megabyte output per call).
 from __future__ import annotations
 
 import functools
+import re
 import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch.distributed as dist
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -55,7 +57,7 @@ _HEADER = 8
 _CHECK = _config.get("TORCH_TPU_DIST_CHECK")
 
 
-class CollectiveMismatch(RuntimeError):
+class CollectiveMismatch(dist.DistBackendError):
     """Members of a group issued different collectives (or different sizes or dtypes)."""
 
 
@@ -298,30 +300,25 @@ def run(gm: GroupMesh, prog: Program, blocks) -> list:
     """Issue `prog` on this process's `blocks`; returns this process's output blocks
     (futures: nothing here waits for the result)."""
     args = [gm.glob(b) for b in blocks]
-    try:
-        res = prog.fn(gm.next_token(), *args)
-    except Exception as e:  # noqa: BLE001
-        raise translate(e) from None
+    res = prog.fn(gm.next_token(), *args)
     gm.token = res[0]
     gm.chain.token = local(res[0])
     gm.rows = res[1]
     return [local(a) for a in res[2:]]
 
 
-def translate(e: Exception) -> Exception:
-    """A JAX runtime error from a collective -> torch's DistBackendError, with the cause
-    in words."""
-    import torch.distributed as dist
-
-    return dist.DistBackendError(explain(str(e)))
+# XLA nests the error of a failed program's input once per program downstream of it
+_NESTED = re.compile(r"(?:(?:INTERNAL: )?Error dispatching computation: )+")
 
 
 def explain(text: str) -> str:
+    """A JAX runtime error from a collective, in words."""
+    text = _NESTED.sub("", text).strip()
     lowered = text.lower()
     if any(s in lowered for s in ("connection reset", "connection closed", "broken pipe",
                                   "socket closed", "connection refused", "eof")):
         return ("tpu_dist: a peer process closed its connection during a collective: "
-                f"it probably died or exited early. ({text.strip()[:400]})")
+                f"it probably died or exited early. ({text[:400]})")
     if "timed out" in lowered or "deadline" in lowered or "timeout" in lowered:
-        return f"tpu_dist: a collective timed out. ({text.strip()[:400]})"
-    return f"tpu_dist: collective failed: {text.strip()[:600]}"
+        return f"tpu_dist: a collective timed out. ({text[:400]})"
+    return f"tpu_dist: collective failed: {text[:600]}"

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import _storage
-from . import _io, _watchdog, collectives as C
+from . import _bootstrap, _io, _watchdog, collectives as C
 
 # Donating a buffer makes the dispatch wait until the buffer's producer has finished, so
 # the host stops running ahead of the device; worth it only where a fresh output would
@@ -104,6 +104,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
     # ------------------------------------------------------------ issuing
     def _issue(self, gm, kind, blocks, ins, outs, op=C.SUM, root=0, extra=None, donate=(),
                sig=None, alias=0):
+        _bootstrap.raise_if_failed()  # after a failure (kept, not fatal) nothing is issued
         prog = C.program(gm, kind, ins, outs, op, root, extra, donate, sig, alias)
         self._seq += 1
         seq, name, ranks = self._seq, gm.name, gm.ranks
@@ -112,8 +113,10 @@ class ProcessGroupTPU(dist.ProcessGroup):
             self._timeout_s)
         try:
             results = C.run(gm, prog, blocks)
-        except BaseException:
+        except BaseException as e:
             _watchdog.cancel(entry)
+            if _watchdog.is_runtime_error(e):  # a peer is gone, or an input came from a
+                raise _watchdog.dispatch_failed(entry, e) from None  # failed collective
             raise
         entry.issued()
         return results

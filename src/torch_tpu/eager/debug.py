@@ -3,10 +3,14 @@
 Each op runs as in Strict, then waits for its result (`block_until_ready`), so an error
 surfaces at the line that caused it. Then, per op:
 
-- bounds: index tensors of the indexing family (index, index_put, gather, scatter,
-  embedding, index_select, take, nll_loss, ...) are read on the host *before* the op runs.
+- bounds: the index arguments a lowering declares (lowering/bounds.py: index, index_put,
+  gather, scatter, embedding, index_select, take, nll_loss, ...) are read on the host
+  *before* the op runs.
   XLA clamps or drops out-of-range indices silently; torch's CUDA raises a device-side
   assert. Debug raises `TpuIndexError` instead, naming the op, the value and the size.
+- integer division by zero (`//`, `%`, fmod, div with a rounding mode): CPU raises
+  `RuntimeError: ZeroDivisionError`, XLA returns -1 or the dividend; Debug reads the
+  divisor and raises `TpuZeroDivisionError`, a RuntimeError with CPU's message.
 - NaN/Inf: a floating result that holds NaN or Inf raises `TpuNonFiniteError`, unless an
   input already held one (then the op only propagated it: the producer is the op to name).
   `TORCH_TPU_DEBUG_NAN_CHECK=0` turns it off.
@@ -30,6 +34,8 @@ import torch
 
 from .. import _config, _runtime, _storage, _tolerances, _transfer, _tree, metrics
 from .._frames import user_location
+from ..lowering.registry import bounds_of
+from . import refusals
 from .strict import StrictExecutor
 
 
@@ -80,111 +86,11 @@ def _is_float(dtype) -> bool:
 
 
 # ---------------------------------------------------------------- bounds
-class _Bound:
-    """One index argument to check: valid values are [0, size), or [-size, size) where
-    negative indices wrap; `ignore` is a value let through (nll_loss's ignore_index)."""
-
-    __slots__ = ("arg", "index", "size", "within", "negative_ok", "ignore", "noun")
-
-    def __init__(self, arg, index, size, within, negative_ok=False, ignore=None, noun="index"):
-        self.arg, self.index, self.size, self.within = arg, index, size, within
-        self.negative_ok, self.ignore, self.noun = negative_ok, ignore, noun
-
-
-def _dim_bound(arg, index, t, dim, negative_ok):
-    if t.dim() == 0:
-        dim, size = 0, 1  # torch treats a 0-dim tensor as 1-D here
-    else:
-        dim = dim + t.dim() if dim < 0 else dim
-        size = t.shape[dim]
-    return _Bound(arg, index, size, f"dimension {dim} with size {size}", negative_ok)
-
-
-def _along_dim(negative_ok):
-    """(self, dim, index, ...) ops: gather, scatter*, index_select/add/copy/fill/reduce."""
-    return lambda v: [_dim_bound("index", v[2], v[0], v[1], negative_ok)]
-
-
-def _advanced(vals):
-    """index / index_put: one index per dim; a boolean mask covers as many dims as it has."""
-    self, out, dim = vals[0], [], 0
-    for i, idx in enumerate(vals[1]):
-        if idx is None:
-            dim += 1
-        elif idx.dtype in (torch.bool, torch.uint8):
-            dim += idx.dim()
-        else:
-            if dim < self.dim():
-                out.append(_dim_bound(f"indices[{i}]", idx, self, dim, True))
-            dim += 1
-    return out
-
-
-def _flat(vals):
-    n = vals[0].numel()
-    return [_Bound("index", vals[1], n, f"a tensor of {n} elements", True)]
-
-
-def _nll(self_i, target_i, ignore_i):
-    def check(vals):
-        x = vals[self_i]
-        classes = x.shape[0] if x.dim() == 1 else x.shape[1]
-        return [_Bound("target", vals[target_i], classes, f"{classes} classes",
-                       ignore=vals[ignore_i], noun="target")]
-    return check
-
-
-def _unpool(vals):
-    plane = 1
-    for s in vals[2]:
-        plane *= s
-    return [_Bound("indices", vals[1], plane, f"an output plane of {plane} elements")]
-
-
-# op name (namespace::name, an in-place op's `_` stripped) -> vals -> [_Bound]
-_BOUNDS = {
-    "aten::embedding": lambda v: [_dim_bound("indices", v[1], v[0], 0, False)],
-    "aten::embedding_dense_backward":
-        lambda v: [_Bound("indices", v[1], v[2], f"dimension 0 with size {v[2]}")],
-    "aten::index": _advanced,
-    "aten::_unsafe_index": _advanced,
-    "aten::index_put": _advanced,
-    "aten::_unsafe_index_put": _advanced,
-    "aten::_index_put_impl": _advanced,
-    "aten::gather": _along_dim(False),
-    "aten::scatter": _along_dim(False),
-    "aten::scatter_add": _along_dim(False),
-    "aten::scatter_reduce": _along_dim(False),
-    "aten::index_select": _along_dim(False),
-    "aten::index_add": _along_dim(False),
-    "aten::index_copy": _along_dim(False),
-    "aten::index_reduce": _along_dim(False),
-    "aten::index_fill": _along_dim(True),
-    "aten::take": _flat,
-    "aten::put": _flat,
-    "aten::nll_loss_forward": _nll(0, 1, 4),
-    "aten::nll_loss2d_forward": _nll(0, 1, 4),
-    "aten::nll_loss_backward": _nll(1, 2, 5),
-    "aten::nll_loss2d_backward": _nll(1, 2, 5),
-    "aten::max_unpool2d": _unpool,
-    "aten::max_unpool3d": _unpool,
-}
-
-_NO_CHECK = object()
-_BOUNDS_BY_OP: dict = {}
-
-
-def _bounds_checker(plan):
-    check = _BOUNDS_BY_OP.get(plan.op, _NO_CHECK)
-    if check is _NO_CHECK:
-        name = plan.op._schema.name
-        check = _BOUNDS_BY_OP[plan.op] = _BOUNDS.get(name[:-1] if name.endswith("_") else name)
-    return check
-
-
 def check_bounds(plan, vals) -> None:
-    """Read each index argument on the host and raise on the first value out of range."""
-    check = _bounds_checker(plan)
+    """Read each index argument on the host and raise on the first value out of range. The
+    index arguments are those the lowering declares (lowering/bounds.py), the same ones
+    Strict and DeferAndFuse check on the device (eager/asserts.py)."""
+    check = bounds_of(plan.lowering)
     if check is None:
         return
     for b in check(vals):
@@ -203,6 +109,41 @@ def check_bounds(plan, vals) -> None:
             f"torch_tpu debug: {plan.name}: {b.noun} {int(h[pos])} is out of bounds for "
             f"{b.within} (argument '{b.arg}'{at}; XLA would clamp or drop it silently)"
             f"\n  at {user_location()}")
+
+
+# ---------------------------------------------------------------- integer division
+class TpuZeroDivisionError(TpuDebugError):
+    """An integer division, remainder or fmod by zero (CPU raises "ZeroDivisionError")."""
+
+
+# the ops that divide integers (an in-place op's `_` stripped); the divisor is argument 1
+_DIVISIONS = {"aten::floor_divide", "aten::remainder", "aten::fmod", "aten::div"}
+
+
+def check_divisors(plan, vals) -> None:
+    """CPU's integer kernels raise on a zero divisor; XLA's integer division returns -1 and
+    its remainder the dividend. Floating division is IEEE's (inf, nan), as on CPU."""
+    name = plan.op._schema.name
+    if name.rstrip("_") not in _DIVISIONS or len(vals) < 2:
+        return
+    if name.startswith("aten::div") and (
+            "rounding_mode" not in plan.names or vals[plan.names.index("rounding_mode")] is None):
+        return  # true division: a floating result
+    dividend, divisor = vals[0], vals[1]
+    computed = torch.result_type(dividend, divisor)
+    if computed.is_floating_point or computed.is_complex:
+        return
+    if isinstance(divisor, torch.Tensor):
+        if divisor.numel() == 0:
+            return
+        metrics.count("debug.zero_division_checks")
+        zero = bool((_host(divisor) == 0).any())
+    else:
+        zero = divisor == 0
+    if zero:
+        raise TpuZeroDivisionError(
+            f"ZeroDivisionError\n  torch_tpu debug: {plan.name}: integer division by zero "
+            f"(XLA would return -1 or the dividend silently)\n  at {user_location()}")
 
 
 # ---------------------------------------------------------------- NaN / Inf
@@ -423,7 +364,9 @@ class DebugExecutor(StrictExecutor):
     counter = "dispatches.debug"
 
     def execute(self, plan, vals):
+        refusals.check_call(plan, vals)  # torch's refusal of a bad dim before the bounds read it
         check_bounds(plan, vals)
+        check_divisors(plan, vals)
         nan_check = _config.get("TORCH_TPU_DEBUG_NAN_CHECK")
         snapshot = _snapshot(vals) if nan_check else None
         shadow = _config.get("TORCH_TPU_DEBUG_CPU_CHECK") and _shadowable(plan)

@@ -28,6 +28,7 @@ import weakref
 import jax.numpy as jnp
 
 from .. import _C, _frames, _runtime, _storage, metrics
+from .._program_cache import op_entry
 from . import fuse
 from .graph import Lazy, Node
 from .opcall import Entry, device_scalar, run_eager, scan_fast
@@ -69,11 +70,8 @@ class DeferExecutor:
         # The ops' kernels (csrc/kernel.cpp) do this in C when the entry is cached and
         # scan_fast covers the call, and come here for everything else.
         key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
-        entry = plan.cache.get(key)
-        if entry is None:
-            metrics.count("cache_misses")
-            entry = plan.compile(key, vals)
-            plan.cache[key] = entry
+        # (precision-sensitive ops always come here: _program_cache.op_entry)
+        entry = op_entry(plan, key, vals, False)
         _COUNTERS["dispatches.defer_and_fuse"] += 1
         if entry.fn is None:
             return self._run_now(plan, vals)
@@ -139,7 +137,7 @@ class DeferExecutor:
         """Data-dependent shapes (nonzero, ...): flush, then run the op on concrete values."""
         self.flush("data_dependent")
         key, bufs, dyns = plan.scan(vals)
-        entry = plan.cache[key]
+        entry = op_entry(plan, key, vals, False)
         fresh, outs = run_eager(plan, entry, vals, bufs, dyns)
         tensors = [new_tensor(s, d, f) for (s, d, _), f in zip(fresh, outs)]
         return tensors[0] if len(tensors) == 1 else tuple(tensors)

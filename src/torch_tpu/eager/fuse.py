@@ -21,9 +21,12 @@ import time
 
 import jax
 
-from .. import _C, _config, _frames, metrics
+from .. import _C, _config, _frames, _runtime, metrics
+from .._program_cache import admit_graph
+from . import asserts
 
 _CACHE: dict = {}
+_CACHE_UNCHECKED: dict = {}  # the graphs compiled with TORCH_TPU_DEVICE_ASSERTS=0
 _LAST_BY_OPS: dict = {}   # op sequence -> last key compiled for it (recompile reasons)
 recompile_reasons = metrics.recompile_reasons
 _DONATE = _config.get("TORCH_TPU_DONATE")
@@ -58,22 +61,37 @@ def _decode(key):
     return tuple(wiring), outs, dyn_slots, dyn_types, donated
 
 
-def _build(nodes, wiring, out_refs, dyn_slots, next_):
+def _build(nodes, wiring, out_refs, dyn_slots, next_, checked=()):
+    """A checked node's raw takes the device-side asserts' chain value last and returns the
+    chain's new value last (eager/asserts.py); `checked`, the positions of those nodes
+    when asserts are on, makes the graph take the chain as its last argument, pass it
+    through them in order and return it last. (Off: a zero, and the codes are dead.)"""
     raws = [n.entry.raw for n in nodes]
     ndyn = [len(n.dyns) for n in nodes]
+    linked = [n.entry.checks is not None for n in nodes]
+    # each node's ops carry its aten op's name (XLA op metadata: device profiles show it)
+    names = [str(n.entry.key[0]) for n in nodes]
 
     def fused(*args):
         ext, dyns = args[:next_], args[next_:]
+        chain = (args[-1],) if checked else asserts.unlinked()
         vals = []
         d = 0
-        for raw, w, nd in zip(raws, wiring, ndyn):
+        for raw, w, nd, name, link in zip(raws, wiring, ndyn, names, linked):
             ins = [ext[x] if type(x) is int else vals[x[0]][x[1]] for x in w]
+            extra = chain if link else ()
             try:
-                vals.append(raw(*ins, *[dyns[j] for j in dyn_slots[d:d + nd]]))
+                with jax.named_scope(name):
+                    vals.append(raw(*ins, *[dyns[j] for j in dyn_slots[d:d + nd]], *extra))
             except Exception as e:  # name the op; the user's line is added by flush()
                 raise _NodeError(len(vals), e) from e
             d += nd
-        return [vals[a][b] for a, b in out_refs]
+            if link and checked:
+                chain = (vals[-1][-1],)
+        outs = [vals[a][b] for a, b in out_refs]
+        if checked:
+            outs.append(chain[0])
+        return outs
 
     return fused
 
@@ -85,7 +103,7 @@ def _explain(nodes, parts):
     prev = _LAST_BY_OPS.get(ops)
     _LAST_BY_OPS[ops] = (parts, [n.entry.key for n in nodes])
     if prev is None:
-        return
+        return None
     prev_parts, prev_entries = prev
     for i, (a, b) in enumerate(zip(prev_entries, (n.entry.key for n in nodes))):
         if a != b:
@@ -105,6 +123,7 @@ def _explain(nodes, parts):
             reason = "same ops, different input buffers free to donate"
     recompile_reasons.append(reason)
     metrics.count("fused_recompiles")
+    return reason
 
 
 class _NodeError(Exception):
@@ -115,18 +134,26 @@ class _NodeError(Exception):
 
 
 def flush(nodes) -> None:
+    _runtime.check_not_forked()  # (a forked child's XLA may hang: raise instead)
     # wire, choose outputs and donations, key the graph: in C, one pass over the nodes;
     # from here on only `ext` holds the inputs
     key, ext, dyns, storages, donate = _C.flush_plan(nodes, _DONATE)
-    hit = _CACHE.get(key)
+    checking = asserts.enabled()  # off: the same graphs without the code (dead in XLA)
+    cache = _CACHE if checking else _CACHE_UNCHECKED
+    hit = cache.get(key)
     if hit is None:
         t0 = time.perf_counter()
         wiring, out_refs, dyn_slots, _, _ = parts = _decode(key)
-        _explain(nodes, parts)
-        fn = jax.jit(_build(nodes, wiring, out_refs, dyn_slots, len(ext)),
-                     donate_argnums=donate)
+        reason = None
+        if checking:  # (asserts off: a second set of graphs, not a recompile)
+            reason = _explain(nodes, parts)
+        checked = asserts.checked_nodes(nodes) if checking else ()
+        # the graph's jit, named, bounded (LRU), timed and dumped by _program_cache
+        fn = admit_graph(cache, key, nodes,
+                         _build(nodes, wiring, out_refs, dyn_slots, len(ext), checked),
+                         donate, reason)
         # the key names entries by id: holding them keeps the ids theirs
-        _CACHE[key] = hit = (fn, [n.entry for n in nodes])
+        cache[key] = hit = (fn, [n.entry for n in nodes], checked)
         metrics.count("fused_graphs_compiled")
         metrics.compile_seconds[0] += time.perf_counter() - t0
     else:
@@ -134,11 +161,19 @@ def flush(nodes) -> None:
     metrics.count("fused_nodes", len(nodes))
     metrics.count("fused_donated_buffers", len(donate))
     try:
-        results = hit[0](*ext, *dyns)
+        if hit[2]:  # checked nodes: linked into the device-side asserts' chain
+            results = asserts.run_graph(hit[0], (*ext, *dyns), nodes, hit[2])
+        else:
+            results = hit[0](*ext, *dyns)
     except _NodeError as e:
         node = nodes[e.index]
         raise RuntimeError(
             f"{node.entry.key[0]} (recorded at {_frames.location(*node.frame)}) failed while "
             f"flushing a DeferAndFuse graph: {e.error}") from e.error
+    except jax.errors.JaxRuntimeError as e:
+        _runtime.raise_if_out_of_memory(
+            e, f"running a DeferAndFuse graph of {len(nodes)} ops recorded from "
+               f"{_frames.location(*nodes[0].frame)} to {_frames.location(*nodes[-1].frame)}")
+        raise
     _C.replace_buffers(storages, None, results)
     _C.release(nodes)  # break the node <-> Lazy cycles: refcounting frees them now

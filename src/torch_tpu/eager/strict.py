@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import contextlib
 
+import jax
+
 from .. import _C, _runtime, _storage, metrics
+from .._program_cache import op_entry
+from . import asserts
 from .opcall import run_eager, scan_fast
 
 _COUNTERS = metrics.counters
@@ -32,11 +36,14 @@ def new_tensor(shape, dtype, flat, rec=None, strides=None):
     return t
 
 
-def finish(plan, entry, vals, outs):
-    """Store results: new tensors for fresh outputs, new buffers for mutated storages."""
+def finish(plan, entry, vals, outs, made):
+    """Store results: `made` (the fresh outputs' (tensor, storage) pairs) get their buffers,
+    mutated storages new ones."""
     nfresh = len(entry.fresh)
-    fresh = [new_tensor(shape, dtype, flat, rec, strides)
-             for (shape, dtype, strides), flat, rec in zip(entry.fresh, outs, entry.out_recs)]
+    fresh = []
+    for (t, st), flat, rec in zip(made, outs, entry.out_recs):
+        setattr(st, _ATTR, (flat, rec[0], rec[1]))
+        fresh.append(t)
     for (i, j), flat in zip(entry.mut_slots, outs[nfresh:]):
         t = vals[i] if j is None else vals[i][j]
         _storage.set_buffer(t.untyped_storage(), flat)
@@ -80,17 +87,22 @@ class StrictExecutor:
 
     def execute(self, plan, vals):
         key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
-        entry = plan.cache.get(key)
-        if entry is None:
-            metrics.count("cache_misses")
-            entry = plan.compile(key, vals)
-            plan.cache[key] = entry
-            if entry.fn is not None:
-                metrics.count("executables_compiled")  # jax compiles it on this first call
+        # the cached entry, or a new one (bounded LRU, precision, cache-only: _program_cache)
+        entry = op_entry(plan, key, vals, True)
         _COUNTERS[self.counter] += 1
         if entry.fn is None:
             fresh, outs = run_eager(plan, entry, vals, bufs, dyns)
             tensors = [new_tensor(s, d, f) for (s, d, _), f in zip(fresh, outs)]
             return tensors[0] if len(tensors) == 1 else tuple(tensors)
-        outs = entry.fn(*bufs, *dyns)
-        return finish(plan, entry, vals, outs)
+        # the results' storages first: past the device's capacity the allocator raises
+        # torch.OutOfMemoryError before XLA allocates anything (_memory.py)
+        made = [_empty(shape, strides, dtype) for shape, dtype, strides in entry.fresh]
+        try:
+            if entry.checks is None:
+                outs = entry.fn(*bufs, *dyns)
+            else:  # an op with index arguments: linked into the device-side asserts' chain
+                outs = asserts.run_strict(entry, bufs, dyns)
+        except jax.errors.JaxRuntimeError as e:
+            _runtime.raise_if_out_of_memory(e, plan.name)
+            raise
+        return finish(plan, entry, vals, outs, made)

@@ -177,3 +177,38 @@ def pointwise(*ops, operands=1, int_to_float=False, opmath=True, exact=()):
         return lowering(*ops)(lower)
 
     return register
+
+
+# ---------------------------------------------------------------- names in torch's messages
+# c10 spells a dtype two ways in its errors: the ScalarType name ("result type Float can't be
+# cast to the desired output type Long") and the C++ type name ("expected m1 and m2 to have
+# the same dtype, but got: float != long int"). Refusals that torch's kernels make and its
+# meta kernels skip quote them as CPU does.
+_SCALAR_TYPE_NAMES = {
+    torch.float32: ("Float", "float"), torch.float64: ("Double", "double"),
+    torch.float16: ("Half", "c10::Half"), torch.bfloat16: ("BFloat16", "c10::BFloat16"),
+    torch.int8: ("Char", "signed char"), torch.int16: ("Short", "short int"),
+    torch.int32: ("Int", "int"), torch.int64: ("Long", "long int"),
+    torch.uint8: ("Byte", "unsigned char"), torch.uint16: ("UInt16", "uint16_t"),
+    torch.uint32: ("UInt32", "uint32_t"), torch.uint64: ("UInt64", "uint64_t"),
+    torch.bool: ("Bool", "bool"), torch.complex64: ("ComplexFloat", "c10::complex<float>"),
+    torch.complex128: ("ComplexDouble", "c10::complex<double>"),
+    torch.float8_e4m3fn: ("Float8_e4m3fn", "c10::Float8_e4m3fn"),
+    torch.float8_e5m2: ("Float8_e5m2", "c10::Float8_e5m2"),
+}
+
+
+def _as_torch_dtype(dtype) -> torch.dtype:
+    return dtype if isinstance(dtype, torch.dtype) else _runtime.torch_dtype(dtype)
+
+
+def scalar_type_name(dtype) -> str:
+    """c10's ScalarType name of a torch or JAX dtype: Float, Long, BFloat16, ..."""
+    dtype = _as_torch_dtype(dtype)
+    return _SCALAR_TYPE_NAMES.get(dtype, (str(dtype), ""))[0]
+
+
+def cpp_type_name(dtype) -> str:
+    """The C++ type name c10 prints for a torch or JAX dtype: float, long int, ..."""
+    dtype = _as_torch_dtype(dtype)
+    return _SCALAR_TYPE_NAMES.get(dtype, ("", str(dtype)))[1]

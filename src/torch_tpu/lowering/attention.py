@@ -10,7 +10,9 @@ softmax(q @ k^T * scale + mask) @ v, with
 - grouped-query attention: key/value head j serves query heads j*r .. j*r+r-1
   (repeat_interleave, as the math path does), their gradients summed back;
 - a query row that sees no key at all gives zeros (torch's _safe_softmax), not NaN;
-- 16-bit floats compute in float32.
+- 16-bit floats compute in float32;
+- the two products take the float32 matmul precision (`_precision.for_matmul`), as the
+  math path's bmm calls would.
 The backward recomputes the forward inside its program (XLA fuses it) rather than reading
 a saved probability matrix; the saved logsumexp is the statistic torch's schema carries.
 """
@@ -21,13 +23,14 @@ import math
 import jax
 import jax.numpy as jnp
 
+from .. import _precision as precision
 from ._dtypes import to_opmath
 from .registry import aten, lowering, never_draws
 
 
-def _scores(q, k, bias, is_causal, scale):
+def _scores(q, k, bias, is_causal, scale, prec):
     """(q, k) -> the scaled logits, -inf where the mask or causality excludes a key."""
-    s = jnp.einsum("...qd,...kd->...qk", q, k) * scale
+    s = jnp.einsum("...qd,...kd->...qk", q, k, precision=prec) * scale
     keep = None
     if is_causal:
         L, S = s.shape[-2], s.shape[-1]
@@ -44,6 +47,8 @@ def _scores(q, k, bias, is_causal, scale):
 
 def _attend(q, k, v, bias, is_causal, scale):
     """-> (out, logsumexp over the keys), both in the compute dtype (to_opmath's)."""
+    # 16-bit inputs: one bfloat16 pass multiplies them exactly, as for their bmm
+    prec = precision.for_matmul(q.dtype)
     q, k, v = to_opmath(q), to_opmath(k), to_opmath(v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -51,17 +56,18 @@ def _attend(q, k, v, bias, is_causal, scale):
     if groups > 1:
         k = jnp.repeat(k, groups, axis=-3)
         v = jnp.repeat(v, groups, axis=-3)
-    s = _scores(q, k, bias, is_causal, scale)
+    s = _scores(q, k, bias, is_causal, scale, prec)
     m = jnp.max(s, axis=-1, keepdims=True)
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # rows with no key: exp(-inf - 0) = 0
     e = jnp.exp(s - m)
     z = jnp.sum(e, axis=-1, keepdims=True)
     p = e / jnp.where(z == 0, 1.0, z)
     lse = (jnp.log(z) + m)[..., 0]
-    return jnp.einsum("...qk,...kd->...qd", p, v), lse
+    return jnp.einsum("...qk,...kd->...qd", p, v, precision=prec), lse
 
 
 @lowering(aten._scaled_dot_product_fused_attention_overrideable.default)
+@precision.sensitive
 @never_draws
 def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False,
                   return_debug_mask=False, *, scale=None):
@@ -77,6 +83,7 @@ def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=Fa
 
 
 @lowering(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+@precision.sensitive
 @never_draws
 def _sdpa_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp,
                    cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,

@@ -18,13 +18,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _precision as precision
+from . import bounds
 from ._dtypes import round_to, to_opmath
-from .registry import aten, lowering
+from .registry import aten, index_bounds, lowering
 
 
-def _precision(dtype):
-    # torch's float32 kernels compute in full float32; XLA's DEFAULT precision would let a
-    # TPU use a single bf16 pass
+def _exact(dtype):
+    # resampling and pooling weights applied as small products: torch's kernels compute
+    # them in full float32 whatever the matmul precision, and so do these (XLA's DEFAULT
+    # precision would let a TPU use a single bf16 pass)
     return lax.Precision.HIGHEST if dtype == jnp.float32 else None
 
 
@@ -40,7 +43,7 @@ def _contract_trailing(x, mats):
     for axis, m in enumerate(mats):
         dim = x.ndim - nd + axis
         y = jnp.tensordot(x, jnp.asarray(m, x.dtype), axes=([dim], [1]),
-                          precision=_precision(x.dtype))
+                          precision=_exact(x.dtype))
         x = jnp.moveaxis(y, -1, dim)
     return x
 
@@ -63,7 +66,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     if not transposed:
         return lax.conv_general_dilated(
             x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
-            feature_group_count=groups, precision=_precision(dtype), preferred_element_type=acc)
+            feature_group_count=groups, precision=precision.for_conv(dtype), preferred_element_type=acc)
     # A transposed convolution is the input gradient of the forward one: dilate the input by
     # the stride and convolve with the flipped kernel, whose (in, out/groups) axes torch
     # stores swapped relative to a forward weight.
@@ -77,10 +80,11 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
             for k, p, d, op in zip(kernel, padding, dilation, output_padding)]
     return lax.conv_general_dilated(
         x, w, (1,) * nd, pads, lhs_dilation=stride, rhs_dilation=dilation,
-        feature_group_count=groups, precision=_precision(dtype), preferred_element_type=acc)
+        feature_group_count=groups, precision=precision.for_conv(dtype), preferred_element_type=acc)
 
 
 @lowering(aten.convolution.default)
+@precision.sensitive
 def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                  groups):
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
@@ -90,6 +94,7 @@ def _convolution(input, weight, bias, stride, padding, dilation, transposed, out
 
 
 @lowering(aten.convolution_backward.default)
+@precision.sensitive
 def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                           transposed, output_padding, groups, output_mask):
     def conv(x, w):
@@ -433,11 +438,13 @@ def _max_unpool(x, indices, output_size):
 
 
 @lowering(aten.max_unpool2d.default)
+@index_bounds(bounds.unpool)
 def _max_unpool2d(self, indices, output_size):
     return _max_unpool(self, indices, output_size)
 
 
 @lowering(aten.max_unpool3d.default)
+@index_bounds(bounds.unpool)
 def _max_unpool3d(self, indices, output_size, stride, padding):
     return _max_unpool(self, indices, output_size)
 

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .registry import aten, lowering
+from . import bounds
+from .registry import aten, index_bounds, lowering
 
 
 def _dim(d, ndim):
@@ -58,6 +59,7 @@ def _indexer(indices):
 
 
 @lowering(aten.index.Tensor, aten._unsafe_index.Tensor)
+@index_bounds(bounds.advanced)
 def _index(self, indices):
     # jnp advanced indexing follows numpy's rules, which are torch's: adjacent index
     # tensors put their broadcast shape in place, separated ones put it first
@@ -139,6 +141,7 @@ def _padded_mask_indices(self, indices, values):
 
 
 @lowering(aten.index_put.default, aten._unsafe_index_put.default)
+@index_bounds(bounds.advanced)
 def _index_put(self, indices, values, accumulate=False):
     if values.size == 0:  # values broadcast to the indexed shape: nothing is selected
         return self
@@ -155,6 +158,7 @@ def _index_put(self, indices, values, accumulate=False):
 
 
 @lowering(aten._index_put_impl.default)
+@index_bounds(bounds.advanced)
 def _index_put_impl(self, indices, values, accumulate=False, unsafe=False):
     return _index_put(self, indices, values, accumulate)
 
@@ -174,6 +178,7 @@ def _leading_block(x, shape):
 
 
 @lowering(aten.gather.default)
+@index_bounds(bounds.along_dim())
 def _gather(self, dim, index, sparse_grad=False):
     if self.ndim == 0:
         return jnp.broadcast_to(self, index.shape)
@@ -243,21 +248,25 @@ _LEGACY_REDUCE = {"add": "sum", "multiply": "prod"}
 
 
 @lowering(aten.scatter.src, aten.scatter.value)
+@index_bounds(bounds.along_dim())
 def _scatter_set(self, dim, index, src):
     return _scatter(self, dim, index, src, None)
 
 
 @lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+@index_bounds(bounds.along_dim())
 def _scatter_legacy_reduce(self, dim, index, src, *, reduce):
     return _scatter(self, dim, index, src, _LEGACY_REDUCE[reduce])
 
 
 @lowering(aten.scatter_add.default)
+@index_bounds(bounds.along_dim())
 def _scatter_add(self, dim, index, src):
     return _scatter(self, dim, index, src, "sum")
 
 
 @lowering(aten.scatter_reduce.two)
+@index_bounds(bounds.along_dim())
 def _scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     if index.size == 0:
         return self
@@ -281,11 +290,13 @@ def _as_1d(x):
 
 
 @lowering(aten.index_select.default)
+@index_bounds(bounds.along_dim())
 def _index_select(self, dim, index):
     return jnp.take(_as_1d(self), index.reshape(-1), axis=_dim(dim, max(self.ndim, 1)), mode="clip")
 
 
 @lowering(aten.index_add.default)
+@index_bounds(bounds.along_dim())
 def _index_add(self, dim, index, source, *, alpha=1):
     acc = _accumulate_dtype(self.dtype)
     src = _as_1d(source).astype(acc)
@@ -296,18 +307,21 @@ def _index_add(self, dim, index, source, *, alpha=1):
 
 
 @lowering(aten.index_copy.default)
+@index_bounds(bounds.along_dim())
 def _index_copy(self, dim, index, source):
     out = _as_1d(self).at[_along(self.ndim, dim, index)].set(_as_1d(source).astype(self.dtype))
     return out.reshape(self.shape)
 
 
 @lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@index_bounds(bounds.along_dim(negative_ok=True))
 def _index_fill(self, dim, index, value):
     out = _as_1d(self).at[_along(self.ndim, dim, index)].set(jnp.asarray(value).astype(self.dtype))
     return out.reshape(self.shape)
 
 
 @lowering(aten.index_reduce.default)
+@index_bounds(bounds.along_dim())
 def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
     out = _reduce_into(_as_1d(self), _along(self.ndim, dim, index), _as_1d(source), reduce,
                        include_self)
@@ -320,12 +334,14 @@ def _flat_index(index, n):
 
 
 @lowering(aten.take.default)
+@index_bounds(bounds.flat)
 def _take(self, index):
     flat = self.reshape(-1)
     return jnp.take(flat, _flat_index(index, flat.shape[0]), mode="clip")
 
 
 @lowering(aten.put.default)
+@index_bounds(bounds.flat)
 def _put(self, index, source, accumulate=False):
     flat = self.reshape(-1)
     where = _flat_index(index.reshape(-1), flat.shape[0])

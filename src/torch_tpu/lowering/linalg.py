@@ -2,9 +2,11 @@
 
 Products accumulate like torch's CPU and CUDA kernels: bfloat16/float16 operands multiply
 into float32 (`preferred_element_type`) and round once at the end, and float32 products
-use the precision `torch.set_float32_matmul_precision` asks for ("highest" by default,
-i.e. true fp32 products; on TPU "medium" is the one-pass bf16 MXU product). XLA:CPU
-ignores the precision, so it only matters on accelerators.
+use the precision in force (`_precision.for_matmul`: `torch.set_float32_matmul_precision`,
+"highest" by default, i.e. true fp32 products; on TPU "medium" is the one-pass bf16 MXU
+product). Every lowering that multiplies is marked `@precision.sensitive`, so its
+programs are keyed by the setting. XLA:CPU ignores the precision, so it only changes the
+values on accelerators.
 
 Decompositions return what torch's LAPACK-backed kernels return: LU factors packed with
 1-based int32 pivots (torch's backward formulas feed them to `linalg_lu_solve`), `info`
@@ -18,15 +20,19 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import torch
 from jax import lax
 
-from ._dtypes import cast_operands, result_dtype, round_to
+from .. import _precision as precision
+from ._dtypes import (
+    cast_operands,
+    cpp_type_name,
+    result_dtype,
+    round_to,
+    scalar_type_name,
+)
 from .registry import aten, lowering
 
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
-_PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH,
-              "medium": lax.Precision.DEFAULT}
 
 
 # ---------------------------------------------------------------- products
@@ -34,15 +40,46 @@ def _acc_dtype(x):
     return jnp.float32 if x.dtype in _LOW_PRECISION else x.dtype
 
 
-def _precision(x):
-    if x.dtype in _LOW_PRECISION or not jnp.issubdtype(x.dtype, jnp.inexact):
-        return None  # one bf16 pass is already exact for these operands
-    return _PRECISION[torch.get_float32_matmul_precision()]
-
-
 def _matmul(a, b):
     """a @ b (with numpy batching), accumulated and returned in torch's accumulation dtype."""
-    return jnp.matmul(a, b, precision=_precision(a), preferred_element_type=_acc_dtype(a))
+    return jnp.matmul(a, b, precision=precision.for_matmul(a.dtype),
+                      preferred_element_type=_acc_dtype(a))
+
+
+def _refuse(message):
+    raise RuntimeError(message)
+
+
+def _check_product(a, b):
+    """torch's products take operands of one dtype: CPU's and CUDA's kernels refuse
+    float @ long, and torch's Python meta kernels of mm, mv and dot do not check (so the
+    lowering does, with CPU's wording for each product)."""
+    if a.dtype == b.dtype:
+        return
+    s, t = scalar_type_name(a.dtype), scalar_type_name(b.dtype)
+    if a.ndim == 1 and b.ndim == 1:
+        _refuse(f"dot : expected both vectors to have same dtype, but found {s} and {t}")
+    if b.ndim == 1:
+        _refuse(f"addmv input tensors must have the same dtype, but got {t}, {s}, and {t}")
+    if a.ndim == 3:
+        _refuse(f"expected scalar type {s} but found {t}")
+    _refuse(f"expected m1 and m2 to have the same dtype, but got: {cpp_type_name(a.dtype)} != "
+            f"{cpp_type_name(b.dtype)}")
+
+
+def _check_scaled_product(self, m1, m2):
+    """addmm, addbmm, baddbmm, addmv: `self` and both factors of one dtype (CPU's wording)."""
+    if self.dtype == m1.dtype == m2.dtype:
+        return
+    names = [scalar_type_name(x.dtype) for x in (self, m1, m2)]
+    if m2.ndim == 1:
+        _refuse("addmv input tensors must have the same dtype, but got {}, {}, and {}".format(*names))
+    if m1.ndim == 3 and self.ndim == 3:
+        _refuse("Input dtypes must be the same, got: input {}, batch1: {}, batch2: {}".format(
+            *[cpp_type_name(x.dtype) for x in (self, m1, m2)]))
+    if self.dtype != m2.dtype:
+        _refuse(f"self and mat2 must have the same dtype, but got {names[0]} and {names[2]}")
+    _refuse(f"mat1 and mat2 must have the same dtype, but got {names[1]} and {names[2]}")
 
 
 def _scaled_add(self, product, beta, alpha):
@@ -58,18 +95,24 @@ def _scaled_add(self, product, beta, alpha):
 
 
 @lowering(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default)
+@precision.sensitive
 def _mm(self, other):
+    _check_product(self, other)
     return _matmul(self, other)
 
 
 @lowering(aten.mm.dtype, aten.bmm.dtype)
+@precision.sensitive
 def _mm_out_dtype(self, mat2, out_dtype):
     # the executor casts the float32 accumulation to out_dtype
+    _check_product(self, mat2)
     return _matmul(self, mat2)
 
 
 @lowering(aten.vdot.default)
+@precision.sensitive
 def _vdot(self, other):
+    _check_product(self, other)
     return _matmul(jnp.conj(self), other)
 
 
@@ -79,19 +122,25 @@ def _int_mm(self, mat2):
 
 
 @lowering(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
+@precision.sensitive
 def _addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    _check_scaled_product(self, mat1, mat2)
     return _scaled_add(self, _matmul(mat1, mat2), beta, alpha)
 
 
 @lowering(aten.addmm.dtype, aten.baddbmm.dtype)
+@precision.sensitive
 def _addmm_out_dtype(self, mat1, mat2, out_dtype, *, beta=1, alpha=1):
+    _check_product(mat1, mat2)  # self may be of out_dtype
     return _scaled_add(self, _matmul(mat1, mat2), beta, alpha)
 
 
 @lowering(aten.addbmm.default)
+@precision.sensitive
 def _addbmm(self, batch1, batch2, *, beta=1, alpha=1):
     # the batch sum is part of the contraction, so it accumulates in float32 too
-    product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=_precision(batch1),
+    _check_scaled_product(self, batch1, batch2)
+    product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=precision.for_matmul(batch1.dtype),
                          preferred_element_type=_acc_dtype(batch1))
     return _scaled_add(self, product, beta, alpha)
 
@@ -103,7 +152,9 @@ def _addr(self, vec1, vec2, *, beta=1, alpha=1):
 
 
 @lowering(aten._addmm_activation.default)
+@precision.sensitive
 def _addmm_activation(self, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
+    _check_scaled_product(self, mat1, mat2)
     out = _scaled_add(self, _matmul(mat1, mat2), beta, alpha)
     # torch's CPU kernel applies the exact (erf) GELU
     return jax.nn.gelu(out, approximate=False) if use_gelu else jax.nn.relu(out)
@@ -410,6 +461,7 @@ def _ormqr(self, input2, input3, left=True, transpose=False):
 
 
 @lowering(aten.linalg_lstsq.default)
+@precision.sensitive
 def _linalg_lstsq(self, b, rcond=None, *, driver=None):
     """The minimum-norm least-squares solution through the SVD (what every LAPACK driver
     returns for full-rank input, and gelsy/gelsd/gelss also for rank-deficient input),
@@ -450,6 +502,7 @@ def _linalg_matrix_exp(self):
 
 
 @lowering(aten.linalg_pinv.atol_rtol_tensor)
+@precision.sensitive
 def _linalg_pinv(self, *, atol=None, rtol=None, hermitian=False):
     """torch's rule: singular values at or below max(atol, rtol * largest) count as zero;
     rtol defaults to eps * max(m, n), or to 0 when only atol is given (and positive)."""
@@ -484,6 +537,7 @@ def _use_mm_for_euclid(p, compute_mode, x1, x2):
 
 
 @lowering(aten._cdist_forward.default)
+@precision.sensitive
 def _cdist_forward(x1, x2, p, compute_mode):
     if _use_mm_for_euclid(p, compute_mode, x1, x2):
         # torch's _euclidean_dist: the norms ride inside one product, [-2a, |a|^2, 1] .

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import bounds
 from ._dtypes import promote, to_opmath
-from .registry import aten, lowering
+from .registry import aten, index_bounds, lowering
 
 # at::Reduction
 _NONE, _MEAN, _SUM = 0, 1, 2
@@ -46,6 +47,7 @@ def _target_weights(target, weight, ignore_index):
 
 
 @lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+@index_bounds(bounds.classes(0, 1, ignore_i=4))
 def _nll_loss_forward(self, target, weight, reduction, ignore_index):
     x = to_opmath(self)
     axis = _class_axis(x)
@@ -61,6 +63,7 @@ def _nll_loss_forward(self, target, weight, reduction, ignore_index):
 
 
 @lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+@index_bounds(bounds.classes(1, 2, ignore_i=5))
 def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
     axis = _class_axis(self)
     w, safe = _target_weights(target, weight, ignore_index)
@@ -113,6 +116,7 @@ def _frames(x):
 
 
 @lowering(aten.multi_margin_loss.default)
+@index_bounds(bounds.classes(0, 1))
 def _multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
     """sum over i != y of max(0, margin - x[y] + x[i])^p * weight[y], over C; the `where`
     makes the gradient 0 at z == 0, as torch's `z > 0` test does."""
@@ -127,6 +131,7 @@ def _multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN
 
 
 @lowering(aten.multi_margin_loss_backward.default)
+@index_bounds(bounds.classes(1, 2))
 def _multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None,
                                 reduction=_MEAN):
     out, vjp = jax.vjp(lambda x: _multi_margin_loss(x, target, p, margin, weight, reduction),

@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import bounds
 from ._dtypes import to_opmath
-from .registry import aten, lowering
+from .registry import aten, index_bounds, lowering
 
 
 # ---------------------------------------------------------------- softmax
@@ -258,11 +259,13 @@ def _native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, 
 
 # ---------------------------------------------------------------- embedding
 @lowering(aten.embedding.default)
+@index_bounds(bounds.rows(0, 1))
 def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0)
 
 
 @lowering(aten.embedding_dense_backward.default)
+@index_bounds(bounds.rows(None, 1, rows_i=2))
 def _embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     dim = grad_output.shape[-1]
     g = to_opmath(grad_output).reshape(-1, dim)
@@ -293,6 +296,7 @@ def _bag_rows(grad, bag):
 
 
 @lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+@index_bounds(bounds.rows(0, 1))
 def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG_SUM,
                    sparse=False, per_sample_weights=None, include_last_offset=False,
                    padding_idx=-1):
@@ -326,6 +330,7 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG
 
 
 @lowering(aten._embedding_bag_dense_backward.default)
+@index_bounds(bounds.rows(None, 1, rows_i=5))
 def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
                                   num_weights, scale_grad_by_freq, mode, per_sample_weights,
                                   padding_idx=-1):
@@ -349,6 +354,7 @@ def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_i
 
 
 @lowering(aten._embedding_bag_backward.default)
+@index_bounds(bounds.rows(None, 1, rows_i=6))
 def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
                             num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights,
                             padding_idx=-1):

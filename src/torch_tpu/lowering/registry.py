@@ -67,6 +67,22 @@ def traced_floats(fn):
     return fn
 
 
+def index_bounds(spec):
+    """Declare a lowering's index arguments: `spec(vals)` (the op's arguments in schema
+    order) -> [lowering.bounds.Bound]. Debug checks them on the host before the op runs;
+    Strict and DeferAndFuse add a validity code to the op's program, raised at the next
+    synchronization (eager/asserts.py: CUDA's device-side asserts)."""
+    def mark(fn):
+        fn.index_bounds = spec
+        return fn
+    return mark
+
+
+def bounds_of(fn):
+    """The index-bounds spec a lowering declared, or None."""
+    return getattr(fn, "index_bounds", None)
+
+
 def seeded(op, fn) -> bool:
     """Whether a lowering takes `generator=` (a JAX key) for this op."""
     if getattr(fn, "draws", False):

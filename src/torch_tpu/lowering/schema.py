@@ -81,9 +81,10 @@ class OpSchema:
             for s in args[i].alias_info.before_set:
                 owner[s] = i
         # per schema return: the index of the argument it aliases (in-place ops), or None
+        # (a list of views, `Tensor(a)[]` as split returns, has an empty alias set itself)
         self.ret_alias = tuple(
-            owner.get(next(iter(r.alias_info.before_set))) if r.alias_info is not None else None
-            for r in schema.returns)
+            owner.get(next(iter(r.alias_info.before_set), None)) if r.alias_info is not None
+            else None for r in schema.returns)
         self.nrets = len(schema.returns)
         self.seeded = registry.seeded(op, fn)
         self.dynamic_shape = torch.Tag.dynamic_output_shape in op.tags

@@ -79,13 +79,25 @@ def _median(x, axis, keepdim, ignore_nan):
     return _select_sorted(values, idx, pos, axis, keepdim)
 
 
+def _median_of_nothing(x):
+    """torch's median of an empty tensor: NaN, which its integer kernels turn into the
+    dtype's minimum (the sort would instead pick a value past the end)."""
+    if _is_float(x):
+        return jnp.full((), jnp.nan, x.dtype)
+    return jnp.full((), jnp.iinfo(x.dtype).min if x.dtype != jnp.bool_ else False, x.dtype)
+
+
 @lowering(aten.median.default)
 def _median_all(self):
+    if self.size == 0:
+        return _median_of_nothing(self)
     return _median(self.reshape(-1), 0, False, ignore_nan=False)[0]
 
 
 @lowering(aten.nanmedian.default)
 def _nanmedian_all(self):
+    if self.size == 0:
+        return _median_of_nothing(self)
     return _median(self.reshape(-1), 0, False, ignore_nan=True)[0]
 
 

@@ -87,6 +87,13 @@ def _polygamma(n, self):
     return (-1.0) ** (n + 1) * math.factorial(n) * _zeta(jnp.asarray(n + 1.0, x.dtype), x)
 
 
+@lowering(aten.polygamma_.default)
+def _polygamma_(self, n):
+    # the in-place schema is polygamma_(self, n), the functional's polygamma(n, self): the
+    # functional's lowering, which in-place variants share, would take self for n
+    return _polygamma(n, self)
+
+
 @pointwise(aten.mvlgamma.default, int_to_float=True)
 def _mvlgamma(x, p):
     return jsp.multigammaln(x, p)

@@ -1,0 +1,581 @@
+"""Every XLA program torch_tpu keeps, in one bounded LRU, and the rules of every lookup.
+
+Three caches hold programs, each keyed its own way: Strict's per-op entries (an OpPlan's
+`cache`, a plain dict because csrc/kernel.cpp reads it), DeferAndFuse's fused graphs
+(eager/fuse.py) and compiled graphs' executables (compile/program.py). Each admits what
+it compiles here, and this module applies, once for all three:
+
+  bound       one LRU over them all, by count (TORCH_TPU_PROGRAM_CACHE_MAX_PROGRAMS) and
+              bytes (TORCH_TPU_PROGRAM_CACHE_MAX_MB): past either, the least recently used
+              program leaves its cache (metrics `programs.<kind>.evictions`) and its
+              executable is freed with it. A fused graph names its op entries by id, so it
+              pins them: they leave after it. XLA:CPU reports no code size for an
+              executable (0), yet each one held costs ~1.6 MB of resident memory (measured
+              here: 200 distinct sizes of one op, unbounded, grew RSS by 325 MB), so 1.5
+              MiB is its size on CPU; elsewhere the size is XLA's generated-code size.
+  precision   an op whose lowering is precision-sensitive (_precision.py) is looked up
+              under (key, precision snapshot) and traced with the snapshot bound
+  cache-only  `set_cache_only(True)` (serving after warm-up): a miss raises CacheMissError
+              naming the op or graph, the user's line and what differed from the last
+              program of the same op or graph
+  storms      a site (an op at one user line, a fused op sequence recorded up to one
+              line, a compiled graph) that has recompiled TORCH_TPU_RECOMPILE_WARN times
+              (default 8) for new shapes warns once (RecompileWarning, at the user's line), naming the dimension
+              that varies and the remedy; past three such sites (a model whose length
+              varies storms at every op) they are only listed, in stats()["storms"]
+  first call  XLA compiles a program on its first call; that call is timed, told whether
+              the persistent cache had it (_cache.py), and, with TORCH_TPU_DUMP_DIR set,
+              writes the program's StableHLO with its key and reason. Programs are named
+              for profiles by what they run (`jit_aten.mm.default`, `jit_fused_12ops_...`);
+              names are stable across processes, as the persistent cache's keys need
+
+`stats()` (torch.tpu.compile_cache_stats()) reports it all; `python -m torch_tpu report`
+prints the last runs' stats, saved into the cache folder when each process ends.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import threading
+import time
+import warnings
+
+import jax
+import torch
+
+from . import _cache, _config, _frames, _precision, _runtime, metrics
+
+OP, GRAPH, COMPILED = "op", "graph", "compiled"
+KINDS = (OP, GRAPH, COMPILED)
+CPU_PROGRAM_BYTES = 3 << 19   # 1.5 MiB: see the module doc
+_MB = 1 << 20
+
+
+class CacheMissError(RuntimeError):
+    """A program was missing in cache-only mode (`torch_tpu.set_cache_only(True)`)."""
+
+
+class RecompileWarning(UserWarning):
+    """One program site keeps compiling programs for new shapes."""
+
+
+class Program:
+    """One cached program: where it is held, what it cost, why it was compiled."""
+
+    __slots__ = ("calls", "compiled", "disk", "fn", "ident", "key", "kind", "label", "name",
+                 "nbytes", "owner", "pinned", "pins", "precision", "reason", "seconds", "where")
+
+    def __init__(self, kind, name, where, owner, key, reason, precision=None):
+        self.kind, self.name, self.where = kind, name, where
+        self.owner, self.key, self.reason = owner, key, reason
+        self.precision = precision
+        self.seconds = 0.0     # the first call's wall time: trace, lower, XLA compile, launch
+        self.nbytes = 0
+        self.disk = None       # whether the persistent cache had it (None: not compiled yet)
+        self.calls = 0         # graph and compiled programs: calls after the first
+        self.pins = ()         # the op programs a fused graph names by id
+        self.pinned = 0        # how many cached graphs pin this op program
+        self.compiled = False
+        self.fn = None         # graph and compiled programs: the jitted function
+        self.label = None      # their profiler annotation
+        self.ident = None      # its key in the LRU: id() of what its cache holds
+
+    def summary(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "where": self.where,
+                "reason": self.reason, "compile_seconds": round(self.seconds, 6),
+                "bytes": self.nbytes, "disk_hit": self.disk, "calls": self.calls}
+
+    # graph and compiled programs are called through their record
+    def __call__(self, *args):
+        if not self.compiled:
+            return _first_run(self, self.fn, args)
+        self.calls += 1
+        try:
+            _move(self.ident)
+        except KeyError:
+            pass
+        if PROFILING[0] or _torch_profiling():
+            with annotate(self.label[0], **self.label[1]):
+                return self.fn(*args)
+        return self.fn(*args)
+
+
+# ---------------------------------------------------------------- state
+_LRU: collections.OrderedDict = collections.OrderedDict()  # id(value) -> Program
+_move = _LRU.move_to_end
+_lock = threading.RLock()
+_held = {k: [0, 0] for k in KINDS}   # kind -> [programs, bytes]
+_limits = {"programs": _config.get("TORCH_TPU_PROGRAM_CACHE_MAX_PROGRAMS"),
+           "bytes": _config.get("TORCH_TPU_PROGRAM_CACHE_MAX_MB") * _MB}
+_CACHE_ONLY = [False]
+PROFILING = [False]   # profiler.py: a device trace is being recorded
+_LAST: dict = {}      # (kind, what) -> (parts, precision) of the last program compiled for it
+_SITES: dict = {}     # storm site -> [shape recompiles, {(argument, dim): sizes seen}, warned]
+_MAX_SITES = 10000
+STORMS: list = []     # the sites that stormed: what, where, recompiles, what varies
+_STORMS_WARNED = 3    # a model whose sequence length varies storms at every op: warn 3
+_seq = itertools.count()
+_COUNT = metrics.counters
+_torch_profiling = torch._C._autograd._profiler_enabled
+
+
+def set_limits(programs: int | None = None, mb: int | None = None) -> None:
+    """Bound the program caches (defaults: the TORCH_TPU_PROGRAM_CACHE_* settings)."""
+    if programs is not None:
+        _limits["programs"] = programs
+    if mb is not None:
+        _limits["bytes"] = mb * _MB
+    with _lock:
+        _evict()
+
+
+def limits() -> dict:
+    return {"programs": _limits["programs"], "mb": _limits["bytes"] // _MB}
+
+
+def set_cache_only(enabled: bool = True) -> bool:
+    """`torch_tpu.set_cache_only(True)`: from now on a program that is not already
+    compiled in this process raises CacheMissError instead of compiling (for serving
+    after a warm-up; the persistent disk cache does not count, since loading from it
+    still traces and costs milliseconds). Returns the previous setting."""
+    old = _CACHE_ONLY[0]
+    _CACHE_ONLY[0] = bool(enabled)
+    return old
+
+
+def is_cache_only() -> bool:
+    return _CACHE_ONLY[0]
+
+
+def annotate(name: str, **info):
+    """A named span in the device trace (jax.profiler) and, while torch's profiler runs,
+    in torch's trace too."""
+    ann = jax.profiler.TraceAnnotation(name, **info)
+    if not _torch_profiling():
+        return ann
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.profiler.record_function(name))
+    stack.enter_context(ann)
+    return stack
+
+
+# ---------------------------------------------------------------- the op caches
+_SENSITIVE = _precision.SENSITIVE
+_snapshot = _precision.snapshot
+
+
+def op_entry(plan, key, vals, standalone):
+    """The entry of one op call: Strict's and DeferAndFuse's lookup in the op's cache
+    (`standalone`: Strict runs the entry's own executable; DeferAndFuse fuses its body)."""
+    prec = None
+    if plan.lowering in _SENSITIVE:
+        prec = _snapshot()
+        lookup = (key, prec)  # never the bare key: C's lookup misses and comes here
+    else:
+        lookup = key
+    entry = plan.cache.get(lookup)
+    if entry is not None:
+        try:
+            _move(id(entry))
+        except KeyError:  # evicted while another thread held it
+            pass
+        return entry
+    return _op_miss(plan, key, lookup, vals, prec, standalone)
+
+
+def _op_miss(plan, key, lookup, vals, prec, standalone):
+    metrics.count("cache_misses")
+    name = str(plan)
+    line = _frames.user_line()
+    where = _frames.location(*line)
+    reason, changes = _why((OP, plan), key[1], prec, plan.names)
+    if _CACHE_ONLY[0]:
+        raise CacheMissError(f"torch_tpu cache-only mode: {name} (called at {where}) has no "
+                             f"compiled program: {reason}")
+    entry = plan.compile(key, vals)
+    rec = Program(OP, name, where, plan.cache, lookup, reason, prec)
+    if prec is not None:  # what DeferAndFuse's recompile reasons compare shows it too
+        entry.key = (key[0], (*key[1], ("precision", *prec)), *key[2:])
+    if entry.raw is not None:
+        raw = _precision.binding(entry.raw, prec) if prec is not None else entry.raw
+        raw.__name__ = raw.__qualname__ = name  # its XLA module and profiler name
+        entry.raw = raw
+    if entry.fn is not None:
+        # a new jit of the named body (jit takes its name when it is made), installed
+        # by its first call
+        jitted = jax.jit(entry.raw)
+
+        def first_call(*args):
+            entry.fn = jitted
+            return _first_run(rec, jitted, args)
+
+        entry.fn = first_call
+        if standalone:
+            metrics.count("executables_compiled")
+    plan.cache[lookup] = entry
+    if standalone:  # (DeferAndFuse: its graphs are the programs that storm)
+        _storm((OP, plan, where), name, line, changes)
+    _admit(rec, id(entry))
+    return entry
+
+
+# ---------------------------------------------------------------- fused graphs
+def graph_name(nodes) -> str:
+    """A fused graph's program name: its op count and a digest of its op sequence (the
+    same in every process, as the persistent cache's keys need)."""
+    ops = "\n".join(str(n.entry.key[0]) for n in nodes)
+    return f"fused_{len(nodes)}ops_{hashlib.blake2b(ops.encode(), digest_size=4).hexdigest()}"
+
+
+def admit_graph(cache, key, nodes, body, donate, reason) -> Program:
+    """A fused graph's program, stored by the caller as `cache[key]`'s first item: a
+    callable that compiles on its first call and pins the graph's op entries."""
+    name = graph_name(nodes)
+    line = nodes[-1].frame
+    where = _frames.location(*line) if line else "?"
+    ops = tuple(n.entry.key[0] for n in nodes)
+    why, changes = _why((GRAPH, ops), tuple(n.entry.key[1] for n in nodes), None,
+                        [_node_label(i, n) for i, n in enumerate(nodes)], nested=True)
+    distinct = list(dict.fromkeys(str(op) for op in ops))
+    if _CACHE_ONLY[0]:
+        raise CacheMissError(
+            f"torch_tpu cache-only mode: DeferAndFuse graph {name} of {len(nodes)} ops "
+            f"({', '.join(distinct[:8])}{', ...' if len(distinct) > 8 else ''}; recorded up "
+            f"to {where}) has no compiled program: "
+            f"{why if changes else reason or 'no graph of these ops was compiled'}")
+    rec = Program(GRAPH, name, where, cache, key, reason or "first graph of these ops")
+    body.__name__ = body.__qualname__ = name
+    rec.fn = jax.jit(body, donate_argnums=donate)
+    rec.label = (f"DeferAndFuse {name}", {"ops": "; ".join(distinct), "nodes": len(nodes)})
+    with _lock:
+        pins = [_LRU.get(id(n.entry)) for n in nodes]
+        rec.pins = tuple({id(p): p for p in pins if p is not None}.values())
+        for p in rec.pins:
+            p.pinned += 1
+    # a site: these ops, recorded up to this user line
+    _storm((GRAPH, ops, line), f"DeferAndFuse graph {name} ({len(nodes)} ops)", line, changes)
+    _admit(rec, id(rec))
+    return rec
+
+
+def _node_label(i, node):
+    plan = node.entry.key[0]
+    return (f"op {i} ({plan})", getattr(plan, "names", ()))
+
+
+# ---------------------------------------------------------------- compiled graphs
+def admit_compiled(cache, key, jitted, program, names) -> Program:
+    """A torch.compile graph's executable for one input layout (`key`), stored by the
+    caller in `cache`; `program` is its compile.program.Program (name, site)."""
+    # (by name, not the Program: these tables must not keep a dropped graph alive)
+    reason, changes = _why((COMPILED, program.name), key[:-1], key[-1], names)
+    if _CACHE_ONLY[0]:
+        raise CacheMissError(f"torch_tpu cache-only mode: compiled graph {program.name} has "
+                             f"no program for these inputs: {reason}")
+    rec = Program(COMPILED, program.name, program.name, cache, key, reason, key[-1])
+    rec.fn = jitted
+    rec.label = (f"torch.compile {program.name}", {})
+    _storm((COMPILED, program.name), f"compiled graph {program.name}", None, changes)
+    _admit(rec, id(rec))
+    return rec
+
+
+# ---------------------------------------------------------------- admission, eviction
+def _admit(rec, ident):
+    rec.ident = ident
+    with _lock:
+        _LRU[ident] = rec
+        _held[rec.kind][0] += 1
+        _evict(ident)
+    _at_exit()
+
+
+def _evict(keep=None):
+    """Drop least recently used programs until both bounds hold (never `keep`, the one
+    just admitted, nor an op program a cached graph pins)."""
+    total_n = sum(h[0] for h in _held.values())
+    total_b = sum(h[1] for h in _held.values())
+    if total_n <= _limits["programs"] and total_b <= _limits["bytes"]:
+        return
+    for ident in list(_LRU):
+        if total_n <= _limits["programs"] and total_b <= _limits["bytes"]:
+            break
+        rec = _LRU[ident]
+        if ident == keep or rec.pinned:
+            continue
+        del _LRU[ident]
+        rec.owner.pop(rec.key, None)
+        held = _held[rec.kind]
+        held[0] -= 1
+        held[1] -= rec.nbytes
+        total_n -= 1
+        total_b -= rec.nbytes
+        for p in rec.pins:
+            p.pinned -= 1
+        rec.pins = ()
+        _COUNT[f"programs.{rec.kind}.evictions"] += 1
+
+
+# ---------------------------------------------------------------- the first call
+def _first_run(rec, fn, args):
+    dump = _config.get("TORCH_TPU_DUMP_DIR")
+    cpu = _runtime.platform() == "cpu"
+    specs = _specs(args) if dump is not None or not cpu else None
+    t0 = time.perf_counter()
+    with _cache.watch() as mine:
+        if rec.label is not None and (PROFILING[0] or _torch_profiling()):
+            with annotate(rec.label[0], **rec.label[1]):
+                out = fn(*args)
+        else:
+            out = fn(*args)
+    rec.seconds = time.perf_counter() - t0
+    metrics.compile_seconds[0] += rec.seconds  # where XLA compiles: the first call
+    rec.compiled = True
+    if mine:
+        rec.disk = all(hit for hit, _ in mine)
+        _COUNT[f"programs.{rec.kind}.{'disk_hits' if rec.disk else 'xla_compiles'}"] += 1
+    nbytes = CPU_PROGRAM_BYTES if cpu else _code_bytes(fn, specs)
+    with _lock:
+        if _LRU.get(rec.ident) is rec:  # (not evicted meanwhile)
+            rec.nbytes = nbytes
+            _held[rec.kind][1] += nbytes
+            _evict(rec.ident)
+    if dump is not None:
+        _dump(dump, rec, fn, specs)
+    return out
+
+
+def _specs(args):
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+            if isinstance(a, jax.Array) else a for a in args]
+
+
+def _code_bytes(fn, specs):
+    try:
+        ma = fn.lower(*specs).compile().memory_analysis()  # (jax's caches: ~0.3 ms)
+        return int(ma.generated_code_size_in_bytes + ma.host_generated_code_size_in_bytes) \
+            or CPU_PROGRAM_BYTES  # a platform that reports none, as XLA:CPU
+    except Exception:  # noqa: BLE001  (a platform without memory stats: the CPU figure)
+        return CPU_PROGRAM_BYTES
+
+
+def _dump(folder, rec, fn, specs):
+    """TORCH_TPU_DUMP_DIR: the program's StableHLO, headed by its key and reason."""
+    try:
+        text = fn.lower(*specs).as_text()
+    except Exception as e:  # noqa: BLE001  (a dump must never break its program)
+        text = f"// lowering for the dump failed: {e}"
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in rec.name)[:80]
+    path = folder / f"{os.getpid()}-{next(_seq):05d}-{rec.kind}-{safe}.mlir"
+    key = rec.key.hex() if isinstance(rec.key, bytes) else repr(rec.key)
+    head = [f"kind: {rec.kind}", f"name: {rec.name}", f"where: {rec.where}",
+            f"reason: {rec.reason}", f"precision: {rec.precision}",
+            f"compile_seconds: {rec.seconds:.6f}", f"disk_hit: {rec.disk}", f"key: {key}"]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"// {h}\n" for h in head) + text)
+    except OSError as e:
+        warnings.warn(f"torch_tpu: cannot write the program dump {path}: {e}")
+
+
+# ---------------------------------------------------------------- reasons and storms
+def _why(what, parts, prec, names, nested=False):
+    """-> (why a program is compiled for `parts`, the shape changes against the last
+    one compiled for `what`); remembers `parts` as the last."""
+    last = _LAST.get(what)
+    if len(_LAST) > _MAX_SITES:
+        _LAST.clear()
+    _LAST[what] = (parts, prec)
+    if last is None:
+        return "first program for it in this process", []
+    old, old_prec = last
+    if old == parts and old_prec != prec:
+        return f"the float32 matmul/convolution precision changed from {old_prec} to {prec}", []
+    changes = []
+    if nested:  # per node: (label, argument names) each
+        for (label, argnames), a, b in zip(names, old, parts):
+            changes += _changes(a, b, argnames, label + " argument ")
+    else:
+        changes = _changes(old, parts, names, "argument ")
+    if changes:
+        shown = "; ".join(_show(c) for c in changes[:3])
+        return f"shapes changed: {shown}" + (" ..." if len(changes) > 3 else ""), changes
+    for i, (a, b) in enumerate(zip(old, parts)):
+        if a != b:
+            return f"argument {_name(names, i)} changed from {a!r:.200} to {b!r:.200}", []
+    return "the arguments changed", []
+
+
+def _name(names, i):
+    return f"`{names[i]}`" if i < len(names) else f"#{i}"
+
+
+def _is_spec(p):
+    return (isinstance(p, tuple) and len(p) >= 6 and isinstance(p[0], (tuple, torch.Size))
+            and all(type(s) is int for s in p[0]))
+
+
+def _changes(old, new, names, prefix):
+    """[(label, dim or None, old size, new size)] of the tensor shapes (and the size
+    arguments of compiled graphs) that differ between two keys' parts."""
+    out = []
+    if not (isinstance(old, tuple) and isinstance(new, tuple)) or len(old) != len(new):
+        return out
+    for i, (a, b) in enumerate(zip(old, new)):
+        label = prefix + _name(names, i)
+        if type(a) is int and type(b) is int and a != b:
+            out.append((label, None, a, b))
+        pairs = [(label, a, b)]
+        if (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and a
+                and not _is_spec(a) and all(x is None or _is_spec(x) for x in a)):
+            pairs = [(f"{label}[{j}]", x, y) for j, (x, y) in enumerate(zip(a, b))]
+        for lab, x, y in pairs:
+            if not (_is_spec(x) and _is_spec(y)):
+                continue
+            sx, sy = tuple(x[0]), tuple(y[0])
+            if len(sx) != len(sy):
+                out.append((lab, None, sx, sy))
+            else:
+                out += [(lab, d, p, q) for d, (p, q) in enumerate(zip(sx, sy)) if p != q]
+            if sx == sy and x[4] != y[4]:
+                out.append((lab + " storage", None, x[4], y[4]))
+    return out
+
+
+def _show(change):
+    label, dim, a, b = change
+    return f"{label} {'' if dim is None else f'dim {dim} '}{a} -> {b}"
+
+
+def _storm(site, what, line, changes):
+    """Count a compile caused by new shapes at `site`; warn once at the threshold, at the
+    user's `line` ((file, line); None: the caller's caller)."""
+    if not changes:
+        return
+    n_warn = _config.get("TORCH_TPU_RECOMPILE_WARN")
+    st = _SITES.get(site)
+    if st is None:
+        if len(_SITES) > _MAX_SITES:
+            _SITES.clear()
+        st = _SITES[site] = [0, {}, False]
+    st[0] += 1  # recompiles: programs after the site's first
+    for label, dim, a, b in changes:
+        seen = st[1].setdefault((label, dim), [])
+        for v in (a, b):
+            if v not in seen and len(seen) < 12:
+                seen.append(v)
+    if st[2] or not n_warn or st[0] < n_warn:
+        return
+    st[2] = True
+    _COUNT["programs.recompile_storms"] += 1
+    varying = "; ".join(
+        f"{label}{'' if dim is None else f' dim {dim}'} took {len(v)}"
+        f"{'+' if len(v) >= 12 else ''} sizes ({', '.join(map(str, v[:6]))}{', ...' if len(v) > 6 else ''})"
+        for (label, dim), v in list(st[1].items())[:4])
+    where = _frames.location(*line) if line else what
+    if len(STORMS) < 100:
+        STORMS.append({"what": what, "where": where, "recompiles": st[0], "varying": varying})
+    if len(STORMS) > _STORMS_WARNED:
+        return
+    more = (" Further sites that keep recompiling are listed in "
+            "torch.tpu.compile_cache_stats()['storms'], not warned about."
+            if len(STORMS) == _STORMS_WARNED else "")
+    message = (
+        f"torch_tpu: {what} has compiled {st[0] + 1} programs, one for each new "
+        f"shape ({st[0]} recompiles): XLA programs have static shapes. Varying: {varying}. Remedy: pad that "
+        f"dimension to a few fixed sizes (round lengths up to a power of two, masking the "
+        f"padding) so a few programs serve every size; docs/DYNAMIC_SHAPES.md says which "
+        f"variation is already free (view offsets). (TORCH_TPU_RECOMPILE_WARN sets the threshold; 0 "
+        f"turns this warning off.){more}")
+    if line:
+        warnings.warn_explicit(message, RecompileWarning, line[0], line[1])
+    else:
+        warnings.warn(message, RecompileWarning, stacklevel=4)
+
+
+# ---------------------------------------------------------------- statistics
+def _requests(c):
+    ops = sum(v for k, v in c.items() if k.startswith("dispatches."))
+    return {OP: (ops, c.get("cache_misses", 0)),
+            GRAPH: (c.get("fused_cache_hits", 0) + c.get("fused_graphs_compiled", 0),
+                    c.get("fused_graphs_compiled", 0)),
+            COMPILED: (c.get("compile.calls", 0), c.get("compile.executables", 0))}
+
+
+def stats(programs: bool = True, disk: bool = True) -> dict:
+    """torch.tpu.compile_cache_stats(): per kind of program (op: Strict's per-op
+    executables and DeferAndFuse's recorded op entries; graph: fused graphs; compiled:
+    torch.compile executables) the lookups, hits in memory, misses, hits in the persistent
+    disk cache, XLA compiles, evictions, and the programs and bytes held now; with
+    `programs`, every held program (name, where, reason, compile seconds, bytes); with
+    `disk`, the persistent cache folder's size."""
+    c = dict(metrics.counters)
+    out = {"kinds": {}, "limits": limits(), "cache_only": _CACHE_ONLY[0],
+           "disk": disk_usage() if disk else None,
+           "recompile_storms": c.get("programs.recompile_storms", 0)}
+    for kind, (requests, misses) in _requests(c).items():
+        out["kinds"][kind] = {
+            "requests": requests, "memory_hits": max(requests - misses, 0), "misses": misses,
+            "disk_hits": c.get(f"programs.{kind}.disk_hits", 0),
+            "xla_compiles": c.get(f"programs.{kind}.xla_compiles", 0),
+            "evictions": c.get(f"programs.{kind}.evictions", 0),
+            "held": _held[kind][0], "bytes": _held[kind][1]}
+    out["held"] = sum(h[0] for h in _held.values())
+    out["bytes"] = sum(h[1] for h in _held.values())
+    out["compile_seconds"] = metrics.compile_seconds[0]
+    out["recompile_reasons"] = list(metrics.recompile_reasons[-20:])
+    out["storms"] = list(STORMS)
+    if programs:
+        with _lock:
+            out["programs"] = [r.summary() for r in _LRU.values() if r.compiled or r.kind != OP]
+    return out
+
+
+def disk_usage() -> dict | None:
+    """The persistent cache folder: its path, entries and bytes (None when it is off)."""
+    folder = _cache.cache_dir()
+    if folder is None:
+        return None
+    n = size = 0
+    for f in folder.glob("*.xla"):
+        try:
+            size += f.stat().st_size
+            n += 1
+        except OSError:
+            pass
+    return {"dir": str(folder), "entries": n, "bytes": size}
+
+
+RUNS_KEPT = 20
+_exit_hook = [False]
+
+
+def _at_exit() -> None:
+    if not _exit_hook[0]:
+        _exit_hook[0] = True
+        atexit.register(save_run)
+
+
+def save_run(folder=None) -> None:
+    """Write this process's stats into the cache folder's `runs/` (the newest RUNS_KEPT
+    are kept), for `python -m torch_tpu report`."""
+    base = folder if folder is not None else _cache.cache_dir()
+    if base is None:
+        return
+    runs = base / "runs"
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        data = stats(disk=False)  # (the report reads the folder itself)
+        data["programs"] = sorted(data["programs"], key=lambda p: -p["compile_seconds"])[:200]
+        data.update(pid=os.getpid(), time=time.time(), argv=list(__import__("sys").argv))
+        path = runs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
+        path.write_text(json.dumps(data, default=str))
+        for old in sorted(runs.glob("*.json"))[:-RUNS_KEPT]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass  # a report is never worth an error at exit
