@@ -36,12 +36,9 @@ _META_WORDS = ("new: a shape error says what torch's meta kernel says, not CPU's
 _NOT_IMPL = "new: a dtype the op lacks raises RuntimeError where CPU raises NotImplementedError"
 PENDING = {
     "threads_run_ops@defer_and_fuse": _THREADS,
-    "mask_of_wrong_shape": "new: a boolean mask of the wrong shape is not refused: it indexes "
-                           "silently",
     "float64_denormal_product": _DENORM, "float64_denormal_roundtrip": _DENORM,
     "float32_denormal_product": _DENORM,
-    "bitwise_and_on_float": _NOT_IMPL, "randn_of_integer_dtype": _NOT_IMPL,
-    "randint_empty_range": "new: randint(5, 2) raises OverflowError, not CPU's RuntimeError",
+    "randn_of_integer_dtype": _NOT_IMPL,
     "broadcast_mismatch": _META_WORDS, "linear_wrong_in_features": _META_WORDS,
     "conv_wrong_channels": _META_WORDS,
 }

@@ -217,6 +217,8 @@ def _check_nonempty(plan, vals, whole):
 _JAX_TRACER_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
                       jax.errors.TracerIntegerConversionError, jax.errors.UnexpectedTracerError)
 _AXIS = re.compile(r"axis (-?\d+) is out of bounds for array of dimension (\d+)")
+# jnp refusing an operand's dtype: the op has no kernel for it (CPU: NotImplementedError)
+_NO_KERNEL = re.compile(r"does not accept dtype (\w+)")
 
 
 def torch_error(plan, exc):
@@ -231,6 +233,11 @@ def torch_error(plan, exc):
     m = _AXIS.search(msg)
     if m is not None:
         return dim_error(int(m.group(1)), int(m.group(2)))
+    m = _NO_KERNEL.search(msg)
+    if m is not None and isinstance(exc, TypeError):
+        short = plan.op._schema.name.split("::")[-1]
+        return NotImplementedError(f'"{short}" not implemented for '
+                                   f"'{scalar_type_name(jax.numpy.dtype(m.group(1)))}' ({plan.name}: {msg})")
     return RuntimeError(f"{plan.name}: {msg}")
 
 

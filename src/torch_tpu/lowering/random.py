@@ -131,14 +131,21 @@ def _random(self, *, generator):
     return _randint(generator, self.shape, 0, _dtype_upper(self.dtype), self.dtype)
 
 
+def _check_range(from_, to):
+    if to is not None and from_ >= to:  # torch's random_from_to check, CPU's wording
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+
+
 @lowering(getattr(aten.random, "from"))
 def _random_from(self, from_, to, *, generator):
+    _check_range(from_, to)
     high = _dtype_upper(self.dtype) if to is None else to - 1
     return _randint(generator, self.shape, from_, high, self.dtype)
 
 
 @lowering(aten.random.to)
 def _random_to(self, to, *, generator):
+    _check_range(0, to)
     return _randint(generator, self.shape, 0, to - 1, self.dtype)
 
 
