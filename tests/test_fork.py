@@ -4,14 +4,9 @@ DataLoader workers that make CPU tensors keep working (src/torch_tpu/_runtime.py
 
 Each case is a user script in its own process, bounded by a timeout: a hang fails it.
 """
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import textwrap
-
 import pytest
+
+from helpers.user_script import run_script
 
 MODES = ["strict", "defer_and_fuse"]
 FORK_ERROR = ("Cannot re-initialize tpu in forked subprocess. To use tpu with "
@@ -19,21 +14,8 @@ FORK_ERROR = ("Cannot re-initialize tpu in forked subprocess. To use tpu with "
 
 
 def run(body: str, mode: str = "strict", timeout=180, fork_helper=False) -> dict:
-    script = ("import gc, json, os, sys, time\nimport torch, torch_tpu\n"
-              f"torch_tpu.set_eager_mode({mode!r})\nout = {{}}\n"
-              + (_TRY_IN_CHILD if fork_helper else "")
-              + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_TPU_")}
-    env["TORCH_TPU_MEMORY_LIMIT"] = "256MiB"
-    with tempfile.TemporaryDirectory() as tmp:  # a file, so tracebacks show the lines
-        path = os.path.join(tmp, "user_script.py")
-        with open(path, "w") as f:
-            f.write(script)
-        proc = subprocess.run([sys.executable, path], env=env, capture_output=True,
-                              text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return {**json.loads(line[len("RESULT "):]), "stderr": proc.stderr}
+    return run_script(body, mode, prelude=_TRY_IN_CHILD if fork_helper else "",
+                      timeout=timeout)
 
 
 # In the child: each way of touching tpu, reported back through a pipe. A hang would

@@ -5,14 +5,9 @@ Each case is a user script run in its own process with a small budget
 (TORCH_TPU_MEMORY_LIMIT=256MiB), in Strict and in DeferAndFuse, so nothing here really
 takes gigabytes; the 4 TiB request never reaches XLA.
 """
-import os
-import subprocess
-import sys
-import tempfile
-import textwrap
-
 import pytest
 import torch
+from helpers.user_script import run_script
 
 from torch_tpu import _config, _runtime
 
@@ -28,22 +23,7 @@ def user_line(error):  # the script's own line in the error's traceback, and its
 def run(body: str, mode: str = "strict", limit: str | None = "256MiB", timeout=240) -> dict:
     """Run `body` as a script in a fresh process in eager `mode`; it reports by assigning
     to the dict `out`, which comes back."""
-    script = ("import gc, json, os, sys, time, traceback\nimport torch, torch_tpu\n"
-              f"torch_tpu.set_eager_mode({mode!r})\nout = {{}}\n" + _USER_LINE
-              + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(out))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_TPU_")}
-    if limit is not None:
-        env["TORCH_TPU_MEMORY_LIMIT"] = limit
-    with tempfile.TemporaryDirectory() as tmp:  # a file, so tracebacks show the lines
-        path = os.path.join(tmp, "user_script.py")
-        with open(path, "w") as f:
-            f.write(script)
-        proc = subprocess.run([sys.executable, path], env=env, capture_output=True,
-                              text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    import json
-    return json.loads(line[len("RESULT "):])
+    return run_script(body, mode, prelude=_USER_LINE, limit=limit, timeout=timeout)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -18,3 +18,18 @@ def convert(v, tensor, device: torch.device):
     if isinstance(v, torch.Generator) and v.device.type == "tpu":
         return None
     return v
+
+
+_META = torch.device("meta")
+
+
+def _meta_tensor(t):
+    if t.device.type == "meta":
+        return t
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def to_meta(v):
+    """`v` with its tensors as meta tensors of the same shapes, strides and dtypes (shape
+    inference, and torch's own checks of the arguments)."""
+    return convert(v, _meta_tensor, _META)

@@ -101,12 +101,8 @@ class _Lines:
         self.buf, self.on_msg, self.on_end = b"", on_msg, on_end
 
     def __call__(self, s) -> None:
-        try:
-            data = s.recv(65536)
-        except OSError:
-            data = b""
+        data = _receive(s)
         if not data:
-            _drop(s)
             self.on_end(s)
             return
         self.buf += data
@@ -350,13 +346,20 @@ def _hold() -> bool:
     return _state["armed"] and not _state["closing"] and left.get(0, ("",))[0] != "ok"
 
 
-def _discard(s) -> None:
+def _receive(s) -> bytes:
+    """What the socket has; b"" when its peer closed it (or it failed), and then the
+    socket is dropped."""
     try:
         data = s.recv(65536)
     except OSError:
         data = b""
     if not data:
         _drop(s)
+    return data
+
+
+def _discard(s) -> None:
+    _receive(s)
 
 
 def _release_held() -> None:

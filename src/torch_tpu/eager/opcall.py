@@ -501,23 +501,10 @@ def _abstract_inputs(parts, plan):
 
 
 # ---------------------------------------------------------------- meta
-_META = torch.device("meta")
-
-
-def _meta_tensor(t):
-    if t.device.type == "meta":
-        return t
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-
-
-def _to_meta(v):
-    return _tree.convert(v, _meta_tensor, _META)
-
-
 def meta_run(plan, vals):
     """Run the op on meta tensors: torch's shape and dtype rules, and torch's error
     message for bad input. NotImplemented if the op has no meta kernel."""
-    margs = [_to_meta(v) for v in vals]
+    margs = [_tree.to_meta(v) for v in vals]
     kw = {plan.names[i]: margs[i] for i in range(plan.npos, len(margs))}
     try:
         return plan.op(*margs[:plan.npos], **kw)

@@ -158,7 +158,7 @@ def _check_inplace_cast(plan, functional, vals):
     self = vals[0]
     if not isinstance(self, torch.Tensor):
         return
-    margs = [_tree.convert(v, _meta_tensor, _META) for v in vals]
+    margs = [_tree.to_meta(v) for v in vals]
     kw = {plan.names[i]: margs[i] for i in range(plan.npos, len(margs))}
     try:
         result = functional(*margs[:plan.npos], **kw)
@@ -262,8 +262,8 @@ def check_out(op, functional, results, outs, args, kwargs) -> None:
     sig = (op, _signature(args), _signature(kwargs))
     if sig in _OUT_OK:
         return
-    margs = _tree.convert(list(args), _meta_tensor, _META)
-    mkwargs = {k: _tree.convert(v, _meta_tensor, _META) for k, v in kwargs.items()}
+    margs = _tree.to_meta(list(args))
+    mkwargs = {k: _tree.to_meta(v) for k, v in kwargs.items()}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the resize warning comes from the real call
@@ -275,15 +275,6 @@ def check_out(op, functional, results, outs, args, kwargs) -> None:
     except Exception:  # noqa: BLE001 - a Python meta kernel that breaks: no verdict
         metrics.count("out_meta_unchecked")
     _OUT_OK.add(sig)
-
-
-_META = torch.device("meta")
-
-
-def _meta_tensor(t):
-    if t.device.type == "meta":
-        return t
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
 def _signature(v):
