@@ -194,37 +194,56 @@ bool count_dispatch() {
 // The recording fast path; returns the op's result, or NOT_HERE for Python's execute.
 PyObject* const NOT_HERE = reinterpret_cast<PyObject*>(1);
 
+// Threads (eager/defer.py's docstring): the pending nodes are read before the scan, and
+// the op goes to Python's execute, which waits for the flush, when they are None (another
+// thread is flushing) or when they are another list by the time of the append (a flush
+// ran while a Python callback, a scalar's upload or _graph_starts, let other threads run:
+// the scan may hold values of the graph that ran). From that check to the append no
+// Python code runs, so no other thread does.
 PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
+  PyObject* nodes = g_ex_nodes.get(ex);
+  if (nodes == nullptr) return nullptr;
+  if (nodes == Py_None) {
+    Py_DECREF(nodes);
+    return NOT_HERE;
+  }
+  if (!PyList_Check(nodes)) {
+    Py_DECREF(nodes);
+    PyErr_SetString(PyExc_TypeError, "DeferExecutor.nodes must be a list or None");
+    return nullptr;
+  }
   PyObject* scanned = scan_values(k->plan, k->spec, vals);
-  if (scanned == nullptr) return nullptr;
-  if (scanned == Py_None) {
+  if (scanned == nullptr || scanned == Py_None) {
+    Py_DECREF(nodes);
+    if (scanned == nullptr) return nullptr;
     Py_DECREF(scanned);
     return NOT_HERE;
   }
   PyObject* entry = PyDict_GetItemWithError(k->cache, PyTuple_GET_ITEM(scanned, 0));  // borrowed
   if (entry == nullptr) {
+    Py_DECREF(nodes);
     Py_DECREF(scanned);
     return PyErr_Occurred() ? nullptr : NOT_HERE;  // a miss: execute compiles the entry
   }
   Py_INCREF(entry);
   PyObject* result = nullptr;
-  PyObject* nodes = nullptr;
+  PyObject* now = nullptr;
   PyObject* fn = g_entry_fn.get(entry);
   if (fn == nullptr) goto done;
   if (fn == Py_None) {  // run at once (data-dependent shapes): execute flushes first
     result = NOT_HERE;
     goto done;
   }
-  nodes = g_ex_nodes.get(ex);
-  if (nodes == nullptr) goto done;
-  if (!PyList_Check(nodes)) {
-    PyErr_SetString(PyExc_TypeError, "DeferExecutor.nodes must be a list");
-    goto done;
-  }
   if (PyList_GET_SIZE(nodes) == 0) {
     PyObject* r = PyObject_CallMethodNoArgs(ex, g_str[S_GRAPH_STARTS]);
     if (r == nullptr) goto done;
     Py_DECREF(r);
+  }
+  now = g_ex_nodes.get(ex);
+  if (now == nullptr) goto done;
+  if (now != nodes) {  // a flush ran since the scan (see above)
+    result = NOT_HERE;
+    goto done;
   }
   if (!count_dispatch()) goto done;
   result = record_op(nodes, entry, PyTuple_GET_ITEM(scanned, 1), PyTuple_GET_ITEM(scanned, 2), vals);
@@ -245,7 +264,8 @@ PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
   }
 done:
   Py_XDECREF(fn);
-  Py_XDECREF(nodes);
+  Py_XDECREF(now);
+  Py_DECREF(nodes);
   Py_DECREF(entry);
   Py_DECREF(scanned);
   return result;

@@ -18,11 +18,22 @@ fill up and force full collections of the whole heap (torch, jax, transformers: 
 objects): ~2.4 ms of a ~30 ms step. After the flush those objects are freed by reference
 counting, so the paused collector has little left to do. Flushes come at least every
 loop iteration or MAX_NODES ops, so the pause is short; nothing is lost, only delayed.
+
+Threads: all threads in DeferAndFuse share one pending graph, as CUDA's threads share the
+default stream: ops recorded by several threads run in the order they were recorded, and
+a sync on any thread runs them all. `lock` (re-entrant) is held while an op records on
+the Python path and for a whole flush, XLA's run included, during which `nodes` is None:
+another thread's op cannot read the values of the graph that is being run before they
+exist. The C recording path (csrc/kernel.cpp) does not take the lock: it holds the GIL
+from its scan to its append, and leaves the op to `execute` (which waits on the lock)
+when `nodes` is None, or when `nodes` is no longer the list it read before its scan (a
+flush ran while a Python callback of the scan let other threads run).
 """
 from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import weakref
 
 import jax.numpy as jnp
@@ -51,10 +62,11 @@ class DeferExecutor:
     name = "defer_and_fuse"
     deferred = True
     # slots: the op kernels read nodes and in_backward at their offsets (csrc/slots.h)
-    __slots__ = ("nodes", "paused_gc", "in_backward", "loop")
+    __slots__ = ("nodes", "paused_gc", "in_backward", "loop", "lock")
 
     def __init__(self):
-        self.nodes = []
+        self.nodes = []  # None while a flush runs (see the top: threads)
+        self.lock = threading.RLock()
         self.paused_gc = False
         self.in_backward = 0  # backward passes running (see `backward`)
         self.loop = _C.LoopDetector(MIN_PERIOD, MAX_NODES)
@@ -69,17 +81,26 @@ class DeferExecutor:
     def execute(self, plan, vals):
         # The ops' kernels (csrc/kernel.cpp) do this in C when the entry is cached and
         # scan_fast covers the call, and come here for everything else.
-        key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
-        # (precision-sensitive ops always come here: _program_cache.op_entry)
-        entry = op_entry(plan, key, vals, False)
-        _COUNTERS["dispatches.defer_and_fuse"] += 1
-        if entry.fn is None:
-            return self._run_now(plan, vals)
-        if not self.nodes:
+        with self.lock:
+            key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
+            # (precision-sensitive ops always come here: _program_cache.op_entry)
+            entry = op_entry(plan, key, vals, False)
+            _COUNTERS["dispatches.defer_and_fuse"] += 1
+            if entry.fn is None:
+                return self._run_now(plan, vals)
+            out = _record(self._open_graph(), entry, bufs, dyns, vals)
+            self._after_record(id(entry))
+            return out
+
+    def _open_graph(self):
+        """The pending nodes to append to (the lock held)."""
+        nodes = self.nodes
+        if nodes is None:  # only this thread can be in its flush: the lock is ours
+            raise RuntimeError("DeferAndFuse: an op was recorded while its own thread was "
+                               "flushing the pending graph")
+        if not nodes:
             self._graph_starts()
-        out = _record(self.nodes, entry, bufs, dyns, vals)
-        self._after_record(id(entry))
-        return out
+        return nodes
 
     def constant(self, storage, dtype, value=0):
         """Make the storage's whole buffer `value` (fill_/zero_ of all of it, or a fresh
@@ -122,15 +143,14 @@ class DeferExecutor:
         """A node with no inputs and one dynamic argument, whose output is the storage's
         new buffer."""
         node = Node(entry, [], [dyn], _user_line())
-        if not self.nodes:
-            self._graph_starts()
-        self.nodes.append(node)
-        lazy = Lazy(node, 0, weakref.ref(storage))
-        node.outs.append(lazy)
-        rec = (lazy, n, jdt)
-        setattr(storage, _ATTR, rec)
-        _COUNTERS["dispatches.defer_and_fuse"] += 1
-        self._after_record(id(entry))
+        with self.lock:
+            self._open_graph().append(node)
+            lazy = Lazy(node, 0, weakref.ref(storage))
+            node.outs.append(lazy)
+            rec = (lazy, n, jdt)
+            setattr(storage, _ATTR, rec)
+            _COUNTERS["dispatches.defer_and_fuse"] += 1
+            self._after_record(id(entry))
         return rec
 
     def _run_now(self, plan, vals):
@@ -157,19 +177,21 @@ class DeferExecutor:
 
     # ------------------------------------------------------------ flushing
     def flush(self, reason: str) -> None:
-        nodes = self.nodes
-        if not nodes:
-            return
-        self.nodes = []
-        self.loop.reset()
-        metrics.count(f"flush.{reason}")
-        try:
-            fuse.flush(nodes)
-        finally:
-            del nodes
-            if self.paused_gc:
-                self.paused_gc = False
-                gc.enable()
+        with self.lock:  # (other threads' ops wait: see the top)
+            nodes = self.nodes
+            if not nodes:
+                return
+            self.nodes = None
+            self.loop.reset()
+            metrics.count(f"flush.{reason}")
+            try:
+                fuse.flush(nodes)
+            finally:
+                self.nodes = []
+                del nodes
+                if self.paused_gc:
+                    self.paused_gc = False
+                    gc.enable()
 
 
 _SOURCES: dict = {}
