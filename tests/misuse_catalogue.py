@@ -29,18 +29,10 @@ from helpers import misuse
 from helpers.misuse import DEBUG_NAN, Raises, Returns, Survives, case, matrix
 from torch import nn
 
-_THREADS, _DENORM = "issue 16 item 5", "issue 16 item 10"
-# found by the catalogue, outside the items of issue 16 (reported to the lead)
-_META_WORDS = ("new: a shape error says what torch's meta kernel says, not CPU's (and CUDA's) "
-               "message")
-_NOT_IMPL = "new: a dtype the op lacks raises RuntimeError where CPU raises NotImplementedError"
+_DENORM = "issue 16 item 10"
 PENDING = {
-    "threads_run_ops@defer_and_fuse": _THREADS,
     "float64_denormal_product": _DENORM, "float64_denormal_roundtrip": _DENORM,
     "float32_denormal_product": _DENORM,
-    "randn_of_integer_dtype": _NOT_IMPL,
-    "broadcast_mismatch": _META_WORDS, "linear_wrong_in_features": _META_WORDS,
-    "conv_wrong_channels": _META_WORDS,
 }
 
 
@@ -343,6 +335,35 @@ def internal_overlap_inplace(dev):
 @case(item=6, fragment=OVERLAP)
 def internal_overlap_out(dev):
     return torch.add(torch.ones(4, 3, device=dev), 1, out=torch.zeros(1, 3, device=dev).expand(4, 3))
+
+
+PARTIAL = "some elements of the input tensor and the written-to tensor refer to a single memory location"
+
+
+@case(item=6, fragment=PARTIAL)
+def partial_overlap_inplace(dev):
+    x = torch.arange(6.0, device=dev)
+    return x[1:].add_(x[:-1])  # CPU refuses rather than read what it already wrote
+
+
+@case(item=6, fragment=PARTIAL)
+def partial_overlap_out(dev):
+    x = torch.arange(6.0, device=dev)
+    return torch.add(x[:-1], 1, out=x[1:])
+
+
+@case(item=6, fragment=PARTIAL)
+def partial_overlap_copy(dev):
+    x = torch.arange(6.0, device=dev)
+    return x[1:].copy_(x[:-1])
+
+
+@case(item=6)
+def overlap_that_cpu_accepts(dev):
+    x = torch.arange(6.0, device=dev)
+    x.mul_(x)  # the same elements: each is read before it is written
+    x[:3].add_(x[3:])  # one storage, no element shared
+    return x
 
 
 @case(item=6, fragment="result type Float can't be cast to the desired output type Long")

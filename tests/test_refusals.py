@@ -12,11 +12,13 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
+from torch_tpu import metrics
 from torch_tpu.eager.debug import TpuNonFiniteError
 
 MODES = ["strict", "debug", "defer_and_fuse"]
 DIM = "Dimension out of range"
 OVERLAP = "more than one element of the written-to tensor refers to a single memory location"
+PARTIAL = "some elements of the input tensor and the written-to tensor refer to a single memory location"
 
 
 def _expanded(dev):
@@ -31,6 +33,13 @@ def _long(dev, *shape):
     return torch.ones(*shape, device=dev, dtype=torch.long)
 
 
+def _views(dev, fn):
+    """One storage (arange(6.)) after fn read and wrote it through views."""
+    x = torch.arange(6.0, device=dev)
+    fn(x)
+    return x
+
+
 # name -> (user code taking the device, a fragment of the message CPU and tpu both give;
 # None: the class only, where tpu's words differ from CPU's)
 REFUSED = {
@@ -41,6 +50,35 @@ REFUSED = {
     "copy_ into expanded": (lambda d: _expanded(d).copy_(torch.ones(4, 3, device=d)), OVERLAP),
     "out= expanded": (lambda d: torch.add(_z(d, 4, 3), 1, out=_expanded(d)), OVERLAP),
     "foreach into expanded": (lambda d: torch._foreach_add_([_expanded(d)], 1.0), OVERLAP),
+    # a written tensor that shares elements with one the op reads (CPU decides which ops
+    # refuse: TensorIterator a partial overlap, index_add_ and cross even a full one)
+    "add_ of a shifted view": (lambda d: _views(d, lambda x: x[1:].add_(x[:-1])), PARTIAL),
+    "copy_ of a shifted view": (lambda d: _views(d, lambda x: x[1:].copy_(x[:-1])), PARTIAL),
+    "add_ of a row of itself": (lambda d: _views(d, lambda x: x.view(2, 3).add_(x[:3])), PARTIAL),
+    "clamp_ by a shifted view": (lambda d: _views(d, lambda x: x[1:].clamp_(min=x[:-1])), PARTIAL),
+    "out= a shifted view": (lambda d: _views(d, lambda x: torch.add(x[:-1], 1, out=x[1:])), PARTIAL),
+    "exp out= a shifted view": (lambda d: _views(d, lambda x: torch.exp(x[:-1], out=x[1:])), PARTIAL),
+    "index_add_ of itself": (lambda d: _views(d, lambda x: x.index_add_(
+        0, torch.arange(6, device=d), x)), PARTIAL),
+    "foreach of a shifted view": (lambda d: _views(d, lambda x: torch._foreach_add_([x[1:]], [x[:-1]])),
+                                  PARTIAL),
+    # shape errors, in CPU's words (torch's Python meta kernels word them their own way)
+    "broadcast mismatch": (lambda d: _z(d, 2, 3) + _z(d, 4),
+                           ("The size of tensor a (3) must match the size of tensor b (4) at "
+                            "non-singleton dimension 1")),
+    "in-place broadcast mismatch": (lambda d: _z(d, 3).add_(_z(d, 2, 3)),
+                                    "doesn't match the broadcast shape"),
+    "linear in_features": (lambda d: F.linear(_z(d, 2, 5), _z(d, 4, 3)),
+                           "mat1 and mat2 shapes cannot be multiplied (2x5 and 3x4)"),
+    "bmm batch sizes": (lambda d: torch.bmm(_z(d, 2, 2, 3), _z(d, 3, 3, 2)),
+                        "Expected size for first two dimensions of batch2 tensor to be: [2, 3]"),
+    "conv2d channels": (lambda d: F.conv2d(_z(d, 1, 4, 8, 8), _z(d, 4, 3, 3, 3)),
+                        "expected input[1, 4, 8, 8] to have 3 channels, but got 4 channels instead"),
+    "layer_norm shape": (lambda d: F.layer_norm(_z(d, 2, 3), [4]), "Given normalized_shape=[4]"),
+    # a dtype the kernel lacks (CPU: NotImplementedError)
+    "randn of long": (lambda d: torch.randn(3, dtype=torch.long, device=d), "not implemented for 'Long'"),
+    "normal_ of int": (lambda d: torch.zeros(3, dtype=torch.int32, device=d).normal_(),
+                       "not implemented for 'Int'"),
     # out= and in-place casting (TensorIterator: the result dtype must cast safely)
     "add out= long": (lambda d: torch.add(_z(d, 3), 1.5, out=_z(d, 3, dtype=torch.long)),
                       "result type Float can't be cast to the desired output type Long"),
@@ -150,6 +188,17 @@ ACCEPTED = {
     "unsqueeze(2) of a 2-D tensor": lambda d: _z(d, 2, 3).unsqueeze(2),
     "dim -2 of a 2-D tensor": lambda d: _z(d, 2, 3).cumsum(-2),
     "bf16 @ bf16": lambda d: _z(d, 2, 3, dtype=torch.bfloat16) @ _z(d, 3, 2, dtype=torch.bfloat16),
+    # one storage read and written, no element read after it is written
+    "mul_ of itself": lambda d: _views(d, lambda x: x.mul_(x)),
+    "add_ of a disjoint slice": lambda d: _views(d, lambda x: x[:3].add_(x[3:])),
+    "add_ of an expanded element of itself": lambda d: _views(d, lambda x: x[1:5].add_(x[:1].expand(4))),
+    "add_ of an interleaved view": lambda d: _views(d, lambda x: x[1::2].add_(x[::2])),
+    "masked_fill_ by its own element": lambda d: _views(d, lambda x: x[1:].masked_fill_(x[1:] > 2, x[0])),
+    "copy_ of itself": lambda d: _views(d, lambda x: x.copy_(x)),
+    "add out= its input": lambda d: _views(d, lambda x: torch.add(x, 1, out=x)),
+    "foreach into disjoint slices": lambda d: _views(d, lambda x: torch._foreach_add_([x[:3], x[3:]], 1.0)),
+    "index_copy_ of a disjoint slice": lambda d: _views(d, lambda x: x[:3].index_copy_(
+        0, torch.tensor([2, 0, 1], device=d), x[3:])),
 }
 
 
@@ -208,6 +257,37 @@ def test_a_refused_op_keeps_what_was_recorded_before_it(mode):
         z = y.sum()
         assert z.item() == 16.0
         assert y.tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
+def test_cpu_is_asked_once_per_layout_and_sharing():
+    """A write into a storage the op also reads is put to CPU once per layout and sharing
+    of the arguments (Debug checks every call; the other modes each new signature), and
+    CPU's kernel, run on stand-ins, draws nothing from CPU's default generator."""
+    asked = metrics.counters["refusals.cpu_verdicts"]
+    rng = torch.get_rng_state()
+    for mode in MODES:
+        with torch_tpu.eager_mode(mode):
+            x, p = torch.arange(10.0, device="tpu"), torch.full((10,), 0.5, device="tpu")
+            for _ in range(3):
+                x[:5].mul_(x[5:])
+                p[:5].bernoulli_(p[5:])
+            torch.tpu.synchronize()
+    # two signatures, nine calls per mode (a signature compiled earlier in this process
+    # asks only Debug)
+    assert 1 <= metrics.counters["refusals.cpu_verdicts"] - asked <= 2
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_the_stand_ins_share_storage_as_the_arguments_do():
+    """CPU sees the call's aliasing: two views of one tpu storage become views of one host
+    storage, at the same offsets (a partial overlap refuses, the same sizes apart accept)."""
+    from torch_tpu.eager import refusals
+    x = torch.arange(8.0, device="tpu")
+    a, b = torch.arange(8.0, device="tpu"), torch.arange(8.0, device="tpu")
+    add_ = torch.ops.aten.add_.Tensor
+    assert "single memory location" in str(refusals.cpu_verdict(add_, (x[1:], x[:-1]), {}))
+    assert refusals.cpu_verdict(add_, (a[1:], b[:-1]), {}) is None
+    assert refusals.cpu_verdict(add_, (x[:4], x[4:]), {}) is None
 
 
 # ---------------------------------------------------------------- Debug: integer / by 0

@@ -244,11 +244,13 @@ class OpPlan(OpSchema):
     def compile(self, key, vals):
         """The entry of a new key. Bad input raises here, at the call, in every mode:
         torch's rules (refusals.check_call), the meta kernel's, then the lowering's while
-        it is traced for the key, as torch's exception classes (refusals.torch_error)."""
+        it is traced for the key, as CPU's exception where CPU refuses the call too, else
+        as torch's exception classes (refusals.torch_error)."""
+        refusals.check_call(self, vals)  # raises CPU's exceptions already
         try:
             return self._compile(key, vals)
         except Exception as e:
-            mapped = refusals.torch_error(self, e)
+            mapped = refusals.torch_error(self, e, vals)
             if mapped is None:
                 raise
             raise mapped from e
@@ -256,7 +258,6 @@ class OpPlan(OpSchema):
     def _compile(self, key, vals):
         t0 = time.perf_counter()
         parts = key[1]
-        refusals.check_call(self, vals)
         meta = meta_run(self, vals)
         mut_slots = []
         for i in self.mutable:

@@ -16,6 +16,21 @@ strides and dtypes are in the cache key, and these rules read only those):
   torch's exception classes;
 - `check_out` is the out= kernels' (_dispatch.py) half: overlap, and TensorIterator's
   casting rule, then the out= overload's own meta kernel for the other ops' rules.
+
+Where the answer depends on the kernel, CPU is asked (`cpu_verdict`): the call runs on
+host stand-ins of the same layout (zeros, one host storage per tpu storage). That decides
+two things no table here could without false refusals:
+- a written tensor that shares memory with one the op reads: which ops refuse it (CPU's
+  TensorIterator refuses a partial overlap, index_add_ even a full one, addmm_ neither).
+  Debug and the out= kernels ask at every such call (CPU once per layout and sharing);
+  Strict and DeferAndFuse at a new cache key, which says neither which arguments share
+  a storage nor where a slice starts (its offset is data): a key first compiled for a
+  call without overlap is not asked again (closing that needs csrc/scan.cpp to leave
+  such calls to Python);
+- the words and class of a refusal by a Python meta kernel or a lowering, which say
+  "Attempting to broadcast a dimension of length 4" where CPU and CUDA say "The size of
+  tensor a (3) must match the size of tensor b (4)": CPU's exception is raised instead,
+  where CPU refuses the call too. Only calls that fail pay for it.
 """
 from __future__ import annotations
 
@@ -125,6 +140,9 @@ def check_call(plan, vals) -> None:
                 check_no_overlap(t)
     if facts.cast_from is not None:
         _check_inplace_cast(plan, facts.cast_from, vals)
+    if plan.mutable and _shares_storage([vals[i] for i in plan.mutable],
+                                        [v for i, v in enumerate(vals) if i not in plan.mutable]):
+        _check_aliasing(plan.op, *_call(plan, vals))
 
 
 def _check_index_list(self, indices) -> None:
@@ -221,13 +239,25 @@ _AXIS = re.compile(r"axis (-?\d+) is out of bounds for array of dimension (\d+)"
 _NO_KERNEL = re.compile(r"does not accept dtype (\w+)")
 
 
-def torch_error(plan, exc):
-    """The exception to raise for `exc`, raised while compiling `plan`. jnp and lax refuse
-    bad arguments with ValueError and TypeError where torch's kernels raise RuntimeError
-    (and IndexError for a dim), so an `except RuntimeError` written for CPU catches them.
-    None: raise `exc` as it is (torch's own errors, and what is not a refusal of the
-    input)."""
-    if not isinstance(exc, (ValueError, TypeError)) or isinstance(exc, _JAX_TRACER_ERRORS):
+def torch_error(plan, exc, vals=None):
+    """The exception to raise for `exc`, raised while compiling `plan` for `vals`: CPU's
+    own, where CPU refuses the call too (a meta kernel's or jnp's words are not CPU's).
+    Else jnp and lax refuse bad arguments with ValueError and TypeError where torch's
+    kernels raise RuntimeError (and IndexError for a dim), so an `except RuntimeError`
+    written for CPU catches them. None: raise `exc` as it is (what CPU accepts, and what
+    is not a refusal of the input)."""
+    if isinstance(exc, _JAX_TRACER_ERRORS):
+        return None
+    if vals is not None:
+        # jnp refusing what torch's meta kernel passed: CPU likely accepts it, computing on
+        # the stand-ins, so only a small call is asked (torch's refusals stop CPU's kernel
+        # at its checks, before any work)
+        limit = _ASK_BYTES if isinstance(exc, (ValueError, TypeError)) else None
+        cpu = cpu_verdict(plan.op, *_call(plan, vals), limit=limit)
+        if cpu is not None:
+            return cpu
+        metrics.count("refusals.not_cpus")  # CPU accepts the call, or has no kernel for it
+    if not isinstance(exc, (ValueError, TypeError)):
         return None
     msg = str(exc)
     m = _AXIS.search(msg)
@@ -253,6 +283,8 @@ def check_out(op, functional, results, outs, args, kwargs) -> None:
     exact dtype; sum: any), once per dtype signature."""
     for dst in outs:
         check_no_overlap(dst)
+    if _shares_storage(outs, _inputs_of_out(op, args, kwargs)):
+        _check_aliasing(op, args, kwargs)
     if torch.Tag.pointwise in functional.tags:
         for src, dst in zip(results, outs):
             if isinstance(src, torch.Tensor) and not torch.can_cast(src.dtype, dst.dtype):
@@ -270,8 +302,11 @@ def check_out(op, functional, results, outs, args, kwargs) -> None:
             op(*margs, **mkwargs)
     except NotImplementedError:  # no meta kernel: no verdict
         metrics.count("out_meta_unchecked")
-    except RuntimeError:
-        raise
+    except RuntimeError as e:
+        cpu = cpu_verdict(op, args, kwargs)
+        if cpu is None:
+            raise
+        raise cpu from e
     except Exception:  # noqa: BLE001 - a Python meta kernel that breaks: no verdict
         metrics.count("out_meta_unchecked")
     _OUT_OK.add(sig)
@@ -288,6 +323,151 @@ def _signature(v):
         return tuple(_signature(x) for x in v)
     if isinstance(v, (bool, int, float, complex)):
         return type(v)
+    try:
+        hash(v)
+    except TypeError:
+        return type(v)
+    return v
+
+
+# ---------------------------------------------------------------- CPU's verdict
+# A stand-in storage up to this size is zeros; a larger one is torch.empty, whose pages
+# the OS maps only when written, and a CPU kernel that refuses its input writes nothing.
+_ZEROED_BYTES = 64 << 20
+# A question whose answer is mostly "accepts" (aliasing, a lowering's refusal) runs the
+# op on CPU then: calls whose stand-ins would take more are not asked, and keep tpu's
+# answer (the aliasing check never refuses by guess).
+_ASK_BYTES = 64 << 20
+_NO_CPU_KERNEL = "Could not run '"  # the dispatcher's words: CPU has no kernel, no verdict
+_ALIASING = "to a single memory location"  # TensorIterator's and assert_no_overlap's words
+_ALIAS_OK: set = set()  # aliasing signatures CPU accepted
+_OUT_NAMES: dict = {}
+
+
+def cpu_verdict(op, args, kwargs, limit=None):
+    """What CPU raises for `op(*args, **kwargs)` run on stand-ins (host tensors of the
+    same shapes, strides, offsets and dtypes, views of one host storage where the tpu
+    tensors share one, zeros; a fresh generator): the exception, or None where CPU accepts
+    the call, has no kernel for it, or (`limit`) its stand-ins would take more bytes."""
+    storages: dict = {}  # id of a tpu storage -> (that storage, its host stand-in)
+    used = [0]
+
+    def stand_in(t):
+        if t.device.type == "cpu":
+            return t.clone()  # a 0-dim CPU tensor: the op must not write the user's
+        if t.device.type != "tpu":
+            raise _NoStandIn
+        st = t.untyped_storage()
+        pair = storages.get(id(st))
+        if pair is None:
+            n = st.nbytes()
+            used[0] += n
+            if limit is not None and used[0] > limit:
+                raise _NoStandIn
+            host = (torch.zeros if n <= _ZEROED_BYTES else torch.empty)(n, dtype=torch.uint8)
+            pair = storages[id(st)] = (st, host.untyped_storage())
+        return torch.empty(0, dtype=t.dtype).set_(pair[1], t.storage_offset(), t.shape, t.stride())
+
+    try:
+        cargs = [_tree.convert(v, stand_in, _CPU) for v in args]
+        ckwargs = {k: _tree.convert(v, stand_in, _CPU) for k, v in kwargs.items()}
+    except Exception:  # noqa: BLE001 - no faithful stand-in (too large, a view set_ refuses): no verdict
+        return None
+    for i, name in _generators(op):
+        # a CPU kernel that accepts the call must not draw from CPU's default generator
+        if i < len(cargs):
+            cargs[i] = torch.Generator()
+        else:
+            ckwargs[name] = torch.Generator()
+    metrics.count("refusals.cpu_verdicts")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*cargs, **ckwargs)
+    except NotImplementedError as e:
+        return None if _NO_CPU_KERNEL in str(e) else e
+    except Exception as e:  # noqa: BLE001 - CPU's refusal is the verdict, whatever its class
+        return e
+    return None
+
+
+class _NoStandIn(Exception):
+    pass
+
+
+_CPU = torch.device("cpu")
+
+
+_GENERATORS: dict = {}
+
+
+def _generators(op):
+    """(position, name) of each Generator argument of `op`."""
+    found = _GENERATORS.get(op)
+    if found is None:
+        found = _GENERATORS[op] = tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+                                        if "Generator" in str(a.type))
+    return found
+
+
+def _call(plan, vals):
+    """(args, kwargs) of a call given as schema-ordered values."""
+    return vals[:plan.npos], {plan.names[i]: vals[i] for i in range(plan.npos, len(vals))}
+
+
+def _storages(v, out):
+    """The ids of the tpu storages of the tensors in `v` (each storage's Python object
+    lives as long as it does: the ids are stable while the tensors are)."""
+    if isinstance(v, torch.Tensor):
+        if v.device.type == "tpu":
+            out.add(id(v.untyped_storage()))
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _storages(x, out)
+    return out
+
+
+def _shares_storage(written, read) -> bool:
+    """Whether a tensor an op writes shares its storage with one it reads."""
+    mine = _storages(written, set())
+    return bool(mine) and not mine.isdisjoint(_storages(read, set()))
+
+
+def _inputs_of_out(op, args, kwargs):
+    names = _OUT_NAMES.get(op)
+    if names is None:
+        names = _OUT_NAMES[op] = frozenset(a.name for a in op._schema.arguments if a.is_out)
+    return [*args, *(v for k, v in kwargs.items() if k not in names)]
+
+
+def _check_aliasing(op, args, kwargs) -> None:
+    """A written tensor shares memory with one the op reads: CPU decides (see the top), once
+    per layout and sharing of the arguments. tpu computes such a call from the values
+    before the write, which is what CPU computes where it accepts one."""
+    sig = (op, _alias_signature((args, kwargs), {}))
+    if sig in _ALIAS_OK:
+        return
+    cpu = cpu_verdict(op, args, kwargs, limit=_ASK_BYTES)
+    if isinstance(cpu, RuntimeError) and _ALIASING in str(cpu):
+        raise cpu
+    if len(_ALIAS_OK) > 4096:
+        _ALIAS_OK.clear()
+    _ALIAS_OK.add(sig)
+
+
+def _alias_signature(v, groups):
+    """The layout of each tensor, which storage it is (numbered in order of appearance),
+    and the other values (their types where they don't hash)."""
+    if isinstance(v, torch.Tensor):
+        st = v.untyped_storage()
+        return (tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, st.nbytes(),
+                groups.setdefault(id(st), len(groups)))
+    if isinstance(v, dict):
+        return tuple((k, _alias_signature(x, groups)) for k, x in sorted(v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_alias_signature(x, groups) for x in v)
+    if isinstance(v, (int, float, complex, torch.Generator)) and not isinstance(v, bool):
+        return type(v)  # a learning rate that changes each step asks CPU once
     try:
         hash(v)
     except TypeError:
