@@ -52,7 +52,7 @@ def eager(request):
 # Marks for tests whose files do not carry them on their own lines: file -> mark -> test
 # function names (every parametrized case of each).
 SUITE_MARKS = {
-    "test_c_contracts.py": {"slow": {"test_defer_training_step_same_with_the_c_fast_path_off"}},
+    "test_c_contracts.py": {"slow": {"test_training_step_same_with_the_c_fast_path_off"}},
     "test_config.py": {"slow": {"test_import_time_settings_in_a_fresh_process"}},
     "test_cuda_swap.py": {"slow": {"test_swapped_script_trains_as_on_cpu"}},
     "test_dtensor_attention.py": {"slow": {"test_registered_lazily"}},

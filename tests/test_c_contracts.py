@@ -210,15 +210,17 @@ def test_a_cpu_tensor_beside_a_tpu_tensor_is_refused_by_both_scans():
 
 # ---------------------------------------------------------------- the fast path switch
 STEP = r"""
-import json
+import json, sys
 import torch, torch_tpu
 from torch_tpu import metrics
 from torch_tpu.eager import opcall
 from torch_tpu.eager.defer import DeferExecutor
 from torch_tpu.eager.opcall import OpPlan
+from torch_tpu.eager.strict import StrictExecutor
 
+MODE, EXECUTOR = sys.argv[1], {"strict": StrictExecutor, "defer_and_fuse": DeferExecutor}[sys.argv[1]]
 calls = {"execute": 0, "python_scan": 0}
-execute, scan = DeferExecutor.execute, OpPlan.scan
+execute, scan = EXECUTOR.execute, OpPlan.scan
 
 
 def counted_execute(self, plan, vals):
@@ -231,14 +233,14 @@ def counted_scan(self, vals):
     return scan(self, vals)
 
 
-DeferExecutor.execute, OpPlan.scan = counted_execute, counted_scan
+EXECUTOR.execute, OpPlan.scan = counted_execute, counted_scan
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
                             torch.nn.Linear(16, 3)).to("tpu")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)  # foreach lists, Python scalars
 x, y = torch.randn(8, 12), torch.randint(0, 3, (8,))
 losses = []
-with torch_tpu.eager_mode("defer_and_fuse"):
+with torch_tpu.eager_mode(MODE):
     for _ in range(4):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x.to("tpu")), y.to("tpu"))
@@ -265,8 +267,11 @@ def _ours(counters):
             if not k.startswith(("xla.", "device_asserts."))}
 
 
-def test_defer_training_step_same_with_the_c_fast_path_off():
-    procs = {fast: subprocess.Popen([sys.executable, "-c", STEP], env=_env(fast), text=True,
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_training_step_same_with_the_c_fast_path_off(mode):
+    """The C fast paths (csrc/kernel.cpp: Strict's run_strict, DeferAndFuse's
+    record_deferred) against their Python references (the executors' execute)."""
+    procs = {fast: subprocess.Popen([sys.executable, "-c", STEP, mode], env=_env(fast), text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for fast in (True, False)}
     runs = {}
@@ -277,15 +282,16 @@ def test_defer_training_step_same_with_the_c_fast_path_off():
     on, off = runs[True], runs[False]
     assert on["fast"] is True and off["fast"] is False
     assert on["losses"] == off["losses"] and on["params"] == off["params"]
-    # the same ops, recorded into the same graphs: every flush, compile and cache count
-    # (not the xla.* ones: the persistent compilation cache the two processes share, and
-    # compile times)
+    # the same ops, recorded into the same graphs (DeferAndFuse) or run as the same
+    # executables (Strict): every flush, compile and cache count (not the xla.* ones: the
+    # persistent compilation cache the two processes share, and compile times)
     assert _ours(on["counters"]) == _ours(off["counters"])
-    assert on["counters"]["fused_cache_hits"] >= 1
-    # off: each recorded op came through DeferExecutor.execute and OpPlan.scan; on: the
-    # cached ops were recorded in C
-    recorded = on["counters"]["dispatches.defer_and_fuse"]
-    assert off["calls"]["python_scan"] == off["calls"]["execute"] > recorded // 2
+    if mode == "defer_and_fuse":
+        assert on["counters"]["fused_cache_hits"] >= 1
+    # off: each op came through the executor's execute and OpPlan.scan; on: the cached ops
+    # ran or were recorded in C
+    done = on["counters"][f"dispatches.{mode}"]
+    assert off["calls"]["python_scan"] == off["calls"]["execute"] > done // 2
     assert on["calls"]["execute"] < off["calls"]["execute"] // 2
     assert on["calls"]["python_scan"] < off["calls"]["python_scan"] // 2
 

@@ -263,8 +263,10 @@ PyObject* assemble(PyObject* structure, PyObject* vals, PyObject* fresh) {
   return rets;
 }
 
-// The fresh result tensors of `node`: new tensors whose storages hold its Lazy outputs.
-bool record_fresh(NodeObject* node, PyObject* specs, PyObject* recs, PyObject* fresh) {
+// An op's fresh result tensors: new tensors, storage k's buffer record holding
+// value(k, storage) (a new reference: a Lazy when recording, a buffer when run at once).
+template <typename Value>
+bool store_fresh(PyObject* specs, PyObject* recs, PyObject* fresh, Value value) {
   const Py_ssize_t n = PyList_GET_SIZE(specs);
   for (Py_ssize_t k = 0; k < n; ++k) {
     PyObject* spec = PyList_GET_ITEM(specs, k);  // (shape, torch dtype, strides or None)
@@ -279,19 +281,21 @@ bool record_fresh(NodeObject* node, PyObject* specs, PyObject* recs, PyObject* f
     PyObject* pair = empty_with_storage(nullptr, args, 3);
     if (pair == nullptr) return false;
     PyObject* st = PyTuple_GET_ITEM(pair, 1);
-    PyObject* lazy = new_lazy(node, st);
-    const bool ok = lazy != nullptr &&
-                    set_record(st, lazy, PyTuple_GET_ITEM(rec, 0), PyTuple_GET_ITEM(rec, 1)) &&
+    PyObject* v = value(k, st);
+    const bool ok = v != nullptr &&
+                    set_record(st, v, PyTuple_GET_ITEM(rec, 0), PyTuple_GET_ITEM(rec, 1)) &&
                     PyList_Append(fresh, PyTuple_GET_ITEM(pair, 0)) == 0;
-    Py_XDECREF(lazy);
+    Py_XDECREF(v);
     Py_DECREF(pair);
     if (!ok) return false;
   }
   return true;
 }
 
-// The storages the op mutates now hold its Lazy outputs (after the fresh ones).
-bool record_mutated(NodeObject* node, PyObject* slots, PyObject* vals) {
+// The storages an op mutates: storage k's buffer record now holds value(k, storage) (a
+// new reference), its length and dtype kept.
+template <typename Value>
+bool store_mutated(PyObject* slots, PyObject* vals, Value value) {
   const Py_ssize_t n = PyList_GET_SIZE(slots);
   for (Py_ssize_t k = 0; k < n; ++k) {
     PyObject* slot = PyList_GET_ITEM(slots, k);  // (arg index, list index or None)
@@ -305,10 +309,10 @@ bool record_mutated(NodeObject* node, PyObject* slots, PyObject* vals) {
     PyObject* st = THPStorage_Wrap(THPVariable_Unpack(t).storage());
     if (st == nullptr) return false;
     PyObject* old = PyObject_GetAttr(st, g_record_attr);
-    PyObject* lazy = old == nullptr ? nullptr : new_lazy(node, st);
-    const bool ok = lazy != nullptr &&
-                    set_record(st, lazy, PyTuple_GET_ITEM(old, 1), PyTuple_GET_ITEM(old, 2));
-    Py_XDECREF(lazy);
+    PyObject* v = old == nullptr ? nullptr : value(k, st);
+    const bool ok = v != nullptr &&
+                    set_record(st, v, PyTuple_GET_ITEM(old, 1), PyTuple_GET_ITEM(old, 2));
+    Py_XDECREF(v);
     Py_XDECREF(old);
     Py_DECREF(st);
     if (!ok) return false;
@@ -336,7 +340,8 @@ PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (specs != nullptr && recs != nullptr && slots != nullptr && structure != nullptr &&
       fresh != nullptr && PyList_Check(specs) && PyList_Check(recs) && PyList_Check(slots) &&
       PyTuple_Check(structure) && PyList_Append(nodes, reinterpret_cast<PyObject*>(node)) == 0 &&
-      record_fresh(node, specs, recs, fresh) && record_mutated(node, slots, vals)) {
+      store_fresh(specs, recs, fresh, [node](Py_ssize_t, PyObject* st) { return new_lazy(node, st); }) &&
+      store_mutated(slots, vals, [node](Py_ssize_t, PyObject* st) { return new_lazy(node, st); })) {
     result = assemble(structure, vals, fresh);
   } else if (!PyErr_Occurred()) {
     PyErr_SetString(PyExc_TypeError, "record: malformed entry");
@@ -603,6 +608,65 @@ PyMethodDef g_methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
+
+// Strict's cached op in C: the tail of StrictExecutor.execute (eager/strict.py), its
+// Python reference. `fn` is the entry's executable; its results become the fresh
+// tensors' buffers (allocated after the call: past the device's capacity the allocator
+// raises torch.OutOfMemoryError and the op leaves no trace) and the mutated storages'
+// new buffers. An exception from `fn` (other than KeyboardInterrupt) is cleared and
+// *retry set: Python's execute runs the op again and maps the error to torch's.
+PyObject* run_op(PyObject* entry, PyObject* fn, PyObject* bufs, PyObject* dyns, PyObject* vals,
+                 bool* retry) {
+  *retry = false;
+  if (!PyList_Check(bufs) || !PyList_Check(dyns)) {
+    PyErr_SetString(PyExc_TypeError, "run_op: bufs and dyns must be lists");
+    return nullptr;
+  }
+  const Py_ssize_t nb = PyList_GET_SIZE(bufs), nd = PyList_GET_SIZE(dyns);
+  std::vector<PyObject*> args(static_cast<size_t>(nb + nd));
+  for (Py_ssize_t i = 0; i < nb; ++i) args[i] = PyList_GET_ITEM(bufs, i);
+  for (Py_ssize_t i = 0; i < nd; ++i) args[nb + i] = PyList_GET_ITEM(dyns, i);
+  PyObject* outs = PyObject_Vectorcall(fn, args.data(), static_cast<size_t>(nb + nd), nullptr);
+  if (outs == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+      PyErr_Clear();
+      *retry = true;
+    }
+    return nullptr;
+  }
+  PyObject* seq = PySequence_Fast(outs, "run_op: an entry's executable returns a list");
+  Py_DECREF(outs);
+  if (seq == nullptr) return nullptr;
+  PyObject* specs = g_fresh.get(entry);
+  PyObject* recs = g_out_recs.get(entry);
+  PyObject* slots = g_mut_slots.get(entry);
+  PyObject* structure = g_structure.get(entry);
+  PyObject* fresh = PyList_New(0);
+  PyObject* result = nullptr;
+  if (specs != nullptr && recs != nullptr && slots != nullptr && structure != nullptr &&
+      fresh != nullptr && PyList_Check(specs) && PyList_Check(recs) && PyList_Check(slots) &&
+      PyTuple_Check(structure) &&
+      PySequence_Fast_GET_SIZE(seq) == PyList_GET_SIZE(specs) + PyList_GET_SIZE(slots)) {
+    const Py_ssize_t nfresh = PyList_GET_SIZE(specs);
+    auto out = [seq](Py_ssize_t k) {
+      PyObject* v = PySequence_Fast_GET_ITEM(seq, k);
+      Py_INCREF(v);
+      return v;
+    };
+    if (store_fresh(specs, recs, fresh, [&](Py_ssize_t k, PyObject*) { return out(k); }) &&
+        store_mutated(slots, vals, [&](Py_ssize_t k, PyObject*) { return out(nfresh + k); }))
+      result = assemble(structure, vals, fresh);
+  } else if (!PyErr_Occurred()) {
+    PyErr_SetString(PyExc_TypeError, "run_op: malformed entry or results");
+  }
+  Py_XDECREF(specs);
+  Py_XDECREF(recs);
+  Py_XDECREF(slots);
+  Py_XDECREF(structure);
+  Py_XDECREF(fresh);
+  Py_DECREF(seq);
+  return result;
+}
 
 // record, for OpKernel (kernel.cpp)
 PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns, PyObject* vals) {

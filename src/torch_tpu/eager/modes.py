@@ -27,17 +27,23 @@ class EagerMode(enum.Enum):
     DEFER_NEVER_AND_LAUNCH_BLOCKING = "debug"
 
 
+_STRICT = StrictExecutor()
+_EXECUTORS = {EagerMode.STRICT: _STRICT}
+
+
+def _setup_kernels(defer=None) -> None:
+    """The op kernels run Strict's cached ops and record DeferAndFuse's in C (csrc/kernel.cpp),
+    unless TORCH_TPU_C_FAST_PATH=0 sends every op to the executor's Python execute (the
+    reference)."""
+    fast = C_FAST_PATH
+    _C.kernel_setup(executor, defer if fast else None, _STRICT if fast else None,
+                    metrics.counters, "dispatches.defer_and_fuse", StrictExecutor.counter)
+
+
 def _make_executors():
     defer = DeferExecutor()
-    # the op kernels record DeferAndFuse's cached ops in C, unless TORCH_TPU_C_FAST_PATH=0
-    # sends every op to the executor's Python execute (the reference)
-    _C.kernel_setup(executor, defer if C_FAST_PATH else None, metrics.counters,
-                    "dispatches.defer_and_fuse")
-    return {EagerMode.STRICT: StrictExecutor(), EagerMode.DEBUG: DebugExecutor(),
-            EagerMode.DEFER_AND_FUSE: defer}
-
-
-_EXECUTORS = {EagerMode.STRICT: StrictExecutor()}
+    _setup_kernels(defer)
+    return {EagerMode.DEBUG: DebugExecutor(), EagerMode.DEFER_AND_FUSE: defer}
 
 
 def _env_mode() -> EagerMode:
@@ -54,13 +60,13 @@ _global.update(mode=EagerMode.STRICT, executor=_EXECUTORS[EagerMode.STRICT])
 _open_contexts = current.OPEN_CONTEXTS
 executor = current.executor
 
-_C.kernel_setup(executor, None, metrics.counters, "dispatches.defer_and_fuse")
+_setup_kernels()
 _C.set_executor(_global["executor"])
 
 
 def _executor_for(mode: EagerMode):
     if mode not in _EXECUTORS:
-        _EXECUTORS.update({m: e for m, e in _make_executors().items() if m not in _EXECUTORS})
+        _EXECUTORS.update(_make_executors())
     return _EXECUTORS[mode]
 
 

@@ -248,7 +248,9 @@ def torch_error(plan, exc, vals=None):
     is not a refusal of the input)."""
     if isinstance(exc, _JAX_TRACER_ERRORS):
         return None
-    if vals is not None:
+    if vals is not None and plan.op.namespace == "aten":
+        # (a custom op's CPU kernel is its author's code, not a reference: torch_tpu.jax_op
+        # runs the same function on CPU, and its error, naming the op, stands)
         # jnp refusing what torch's meta kernel passed: CPU likely accepts it, computing on
         # the stand-ins, so only a small call is asked (torch's refusals stop CPU's kernel
         # at its checks, before any work)
