@@ -75,7 +75,9 @@ def test_write_section_replaces_only_its_own_section(tmp_path):
 def test_demo_trains_with_parity():
     r = run_cli("demo", "--steps", "3", "--no-progress")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]  # (a missing lowering fails here)
-    assert "PASS" in r.stdout
-    assert re.search(r"tpu Strict\s+[\d,]+ tokens/s", r.stdout)
-    losses = re.findall(r"^\s+\d+\s+([\d.]+)\s+([\d.]+)\s+", r.stdout, re.M)
+    assert "PASS" in r.stdout and "FAIL" not in r.stdout
+    assert "XLA:CPU stands in for the accelerator" in r.stdout
+    for run in ("CPU eager", "tpu Strict", "tpu DeferAndFuse", "tpu compiled"):  # tokens/s, ms, ratio
+        assert re.search(rf"^  {run}\s+[\d,]+\s+[\d.]+\s+[\d.]+x\s", r.stdout, re.M), run
+    losses = re.findall(r"^\s+\d+((?:\s+[\d.]+){4})\s*$", r.stdout, re.M)  # a loss per run
     assert len(losses) == 3

@@ -106,7 +106,7 @@ def _module(path: str):
 COMMANDS = {
     "info": ("versions, PJRT platform, devices, eager mode, lowerings",
              lambda p: None, _info_main),
-    "demo": ("train a small Llama on tpu and on CPU side by side, check parity",
+    "demo": ("train a small Llama on CPU and on tpu (Strict, DeferAndFuse, compiled), check parity",
              *_module("torch_tpu.demo")),
     "bench": ("benchmarks: bench NAME (see `bench --help`)",
               _add_bench_arguments, _bench_main),

@@ -97,11 +97,18 @@ def _skip_runtime_frames() -> None:
     runs eagerly with dynamo's frame hook still installed, and every tpu op there calls
     torch_tpu's Python kernels and JAX: dynamo would try to compile those frames as user
     code (and fail inside JAX). torch's own runtime files are on dynamo's skip list;
-    these are the equivalent for this device."""
+    these are the equivalent for this device. bench/ stays traceable: its models (the
+    nanoGPT GPT) are user code that the benchmarks compile."""
+    import pkgutil
+
     from torch._dynamo import trace_rules
 
-    for name in ("torch_tpu", "jax", "jaxlib", "ml_dtypes"):
+    for name in ("jax", "jaxlib", "ml_dtypes"):
         trace_rules.add(name)
+    package = sys.modules[__name__.rpartition(".")[0]]
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name != "bench":
+            trace_rules.add(f"{package.__name__}.{module.name}")
 
 
 def backend(gm, example_inputs, **kwargs):
