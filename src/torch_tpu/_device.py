@@ -88,6 +88,7 @@ def synchronize(device=None) -> None:
     try:
         for arr in _runtime.jax_live_arrays():
             arr.block_until_ready()
+        _runtime.fence()  # and the programs whose results were dropped
     except Exception as e:
         _runtime.check_read(e)
         raise

@@ -271,3 +271,18 @@ def platform() -> str:
 def jax_live_arrays():
     check_not_forked()
     return jax.live_arrays()
+
+
+_FENCE = []  # (its jit, its input): made on first use
+
+
+def fence() -> None:
+    """Wait for every program dispatched so far, those whose results nobody holds too
+    (torch.tpu.synchronize: CUDA's waits for all queued work). A device runs the programs
+    it was given in order (a TPU's or GPU's stream, and PJRT's CPU client: a dropped
+    2048^3 matmul delays a 4-element add dispatched after it by the matmul's time), so
+    waiting for a tiny program dispatched now waits for all before it."""
+    if not _FENCE:
+        _FENCE.extend((jax.jit(lambda x: x + 1), jax.device_put(np.zeros((), np.int32), device())))
+    fn, x = _FENCE
+    fn(x).block_until_ready()
