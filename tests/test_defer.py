@@ -521,26 +521,33 @@ def test_fills_record_pending_constants():
         assert c.tolist() == [0.0, 7.0, 7.0, 0.0, 0.0]
 
 
+_THREADS_SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "threads_train.py")
+
+
+def _threads_run(device, setting=None):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TORCH_TPU_")}, **(setting or {})}
+    proc = subprocess.run([sys.executable, _THREADS_SCRIPT, device], capture_output=True, text=True,
+                          timeout=300, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def threads_on_cpu():
+    return _threads_run("cpu")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("setting", [{}, {"TORCH_TPU_LAUNCH_BLOCKING": "1"},
                                      {"TORCH_TPU_DEFER_AND_FUSE": "1"}],
                          ids=["strict", "debug", "defer_and_fuse"])
-def test_threads_train_as_on_cpu(setting):
+def test_threads_train_as_on_cpu(setting, threads_on_cpu):
     """Issue 16 item 5: four threads train their own models at once, sync with `.item()`
     while the others record, and hand a tensor from one thread to the next; every mode
     gives CPU's losses and weights (DeferAndFuse's threads share one pending graph behind
     a lock: eager/defer.py)."""
-    script = os.path.join(os.path.dirname(__file__), "scripts", "threads_train.py")
-
-    def run(device, env=None):
-        proc = subprocess.run([sys.executable, script, device], capture_output=True, text=True,
-                              timeout=300, check=False, env=env)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TORCH_TPU_")}, **setting}
-    got, ref = run("tpu", env), run("cpu")
-    for k, (g, r) in enumerate(zip(got, ref)):
+    got = _threads_run("tpu", setting)
+    for k, (g, r) in enumerate(zip(got, threads_on_cpu)):
         assert isinstance(g, dict), f"thread {k}: {g}"
         assert g["losses"] == pytest.approx(r["losses"], rel=1e-4, abs=1e-5)
         for a, b in zip(g["weights"], r["weights"]):
