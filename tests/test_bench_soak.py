@@ -1,7 +1,7 @@
 """`python -m torch_tpu bench soak`, short: training with generation in between keeps the
 device bytes, the programs and the GC-tracked objects flat after warm-up, in Strict and
-DeferAndFuse, each in its own process, with CPU eager's losses (the command exits 1 when
-a variant is not flat)."""
+DeferAndFuse, each in its own process (the command exits 1 when a variant is not flat;
+the full run, `bench soak`, also compares the losses with CPU eager's)."""
 import subprocess
 import sys
 
@@ -13,9 +13,7 @@ def test_short_soak_is_flat():
     proc = subprocess.run(
         [sys.executable, "-m", "torch_tpu", "bench", "soak", "--steps", "40", "--every", "10",
          "--warm", "20", "--generate-every", "10", "--variants", "strict", "defer_and_fuse",
-         "cpu", "--no-write"], capture_output=True, text=True, timeout=600, check=False)
+         "--no-write"], capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")][2:]
-    assert len(rows) == 3 and all(r.rstrip(" |").endswith("yes") for r in rows), proc.stdout
-    for row in rows[:2]:
-        assert float(row.split("|")[9]) < 1e-4  # worst loss relative difference vs CPU
+    assert len(rows) == 2 and all(r.rstrip(" |").endswith("yes") for r in rows), proc.stdout
