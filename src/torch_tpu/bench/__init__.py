@@ -9,7 +9,11 @@ to add a bench; common.py has the shared timing, table and report helpers.
 BENCHES = {
     "ops": ("torch_tpu.bench.ops",
             "per-op time: Strict eager on tpu vs CPU eager vs a bare jax.jit call; Llama step"),
-    "compile": ("torch_tpu.bench.compile", "small Llama: torch.compile(backend='tpu') vs eager modes, CPU eager, inductor, jax.jit"),
+    "compile": ("torch_tpu.bench.compile", "small Llama and GPT: torch.compile(backend='tpu') vs eager modes, CPU eager, inductor, jax.jit"),
     "collectives": ("torch_tpu.bench.collectives", "tpu_dist all_reduce/all_gather bus bandwidth vs gloo, 2 processes, 4 KB-64 MB"),
+    "scaling": ("torch_tpu.bench.scaling", "Llama train/generate across widths 64-1024 and 128-4096 tokens: eager modes, compiled, CPU eager, inductor, jax.jit; ratio vs FLOPs"),
     "modes": ("torch_tpu.bench.modes", "eager modes on small Llama/Qwen2: Strict vs DeferAndFuse vs Debug vs CPU eager (train, generate, memory, per-op recording)"),
+    "soak": ("torch_tpu.bench.soak", "1,000 training steps with generation: RSS, device bytes, objects and programs stay flat (docs/RELIABILITY.md)"),
+    "rl": ("torch_tpu.bench.rl", "the GRPO loop of examples/grpo.py: rollout, scoring, reference, update on tpu (Strict, DeferAndFuse, compiled) vs CPU eager"),
+    "shapes": ("torch_tpu.bench.shapes", "varying shapes (issue 15): generate at 16/64/256 tokens, variable-length training, the source[i:i+bptt] loop, cold generate in fresh processes; programs, cold s, warm vs CPU eager"),
 }
