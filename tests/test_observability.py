@@ -215,3 +215,29 @@ def test_a_site_that_keeps_recompiling_for_new_shapes_warns_once(eager, monkeypa
     (listed,) = torch.tpu.compile_cache_stats(False)["storms"]
     assert listed["recompiles"] >= 8 and "dim 0" in listed["varying"], listed
 
+
+
+def test_a_backward_through_layers_of_many_shapes_is_not_a_storm(monkeypatch):
+    """The ops of a backward pass all name the user's backward() line; layers of ten
+    different widths are not one site recompiling there (the false warning a GRPO example
+    showed at `loss.backward()`). (The forward's loop line does warn: one line, one op,
+    ten shapes is what a storm looks like from the first iteration.)"""
+    import inspect
+
+    from torch_tpu import _program_cache
+
+    monkeypatch.setattr(_program_cache, "STORMS", [])
+    widths = [8 + 3 * k for k in range(11)]
+    layers = [torch.nn.Linear(a, b).to("tpu") for a, b in zip(widths, widths[1:])]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = torch.randn(4, widths[0], device="tpu")
+        for layer in layers:
+            x = layer(x)
+        backward_line = inspect.currentframe().f_lineno + 1
+        x.sum().backward()
+        torch.tpu.synchronize()
+    at_backward = [str(w.message) for w in caught if issubclass(w.category, torch_tpu.RecompileWarning)
+                   and w.lineno == backward_line]
+    assert not at_backward, at_backward
+    assert layers[0].weight.grad is not None

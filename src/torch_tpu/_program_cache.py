@@ -218,7 +218,10 @@ def _op_miss(plan, key, lookup, vals, prec, standalone):
         if standalone:
             metrics.count("executables_compiled")
     plan.cache[lookup] = entry
-    if standalone:  # (DeferAndFuse: its graphs are the programs that storm)
+    # (DeferAndFuse: its graphs are the programs that storm.) Not in a backward pass: its
+    # ops all name the user's backward() line, where a model's layers of different
+    # shapes would read as one site recompiling; the forward's sites show real variation.
+    if standalone and torch._C._current_graph_task_id() == -1:
         _storm((OP, plan, where), name, line, changes)
     _admit(rec, id(entry))
     return entry
