@@ -11,8 +11,9 @@
 // flush_plan(nodes, donate) numbers the nodes, wires the graph and keys it (fuse.flush's
 // first step).
 //
-// Also here: assemble (an op's return value, for Strict too), replace_buffers (the
-// storages a compiled program or a flush wrote) and release (flushed nodes).
+// Also here: replace_buffers (the storages a compiled program or a flush wrote) and
+// release (flushed nodes). How an op's results become tensors and buffer records, for
+// recording and for Strict's run_op alike, is results.h.
 #include <Python.h>
 #include <structmember.h>
 
@@ -25,14 +26,13 @@
 #include <vector>
 
 #include "contracts.h"
+#include "results.h"
 #include "slots.h"
 
 namespace torch_tpu {
 
-PyObject* empty_with_storage(PyObject*, PyObject* const* args, Py_ssize_t nargs);  // dispatch.cpp
 PyObject* user_line(PyObject*, PyObject*);                                          // scan.cpp
 void mark_realized(const c10::Storage& storage);  // memory.cpp: count the storage's bytes as allocated device memory
-extern PyObject* g_record_attr;  // scan.cpp: the storage attribute holding (buffer, length, dtype)
 
 namespace {
 
@@ -58,8 +58,6 @@ PyTypeObject* g_lazy_type = nullptr;
 PyObject* g_names[3];  // "fresh" (an assemble tag), "dtype", "size"
 
 enum { N_FRESH, N_DTYPE, N_SIZE };
-SlotAttr g_fresh("Entry", "fresh"), g_out_recs("Entry", "out_recs"), g_mut_slots("Entry", "mut_slots"),
-    g_structure("Entry", "structure");
 
 NodeObject* new_node(PyObject* entry, PyObject* bufs, PyObject* dyns, PyObject* frame) {
   auto* n = reinterpret_cast<NodeObject*>(g_node_type->tp_alloc(g_node_type, 0));
@@ -93,15 +91,6 @@ PyObject* new_lazy(NodeObject* node, PyObject* st) {
   l->node = reinterpret_cast<PyObject*>(node);
   l->idx = PyList_GET_SIZE(node->outs) - 1;
   return reinterpret_cast<PyObject*>(l);
-}
-
-// storage.<attr> = (lazy, length, dtype)
-bool set_record(PyObject* st, PyObject* lazy, PyObject* n, PyObject* dtype) {
-  PyObject* rec = PyTuple_Pack(3, lazy, n, dtype);
-  if (rec == nullptr) return false;
-  const int rc = PyObject_SetAttr(st, g_record_attr, rec);
-  Py_DECREF(rec);
-  return rc == 0;
 }
 
 // ------------------------------------------------------------ the two types
@@ -222,104 +211,6 @@ PyType_Spec lazy_spec = {"torch_tpu._C.Lazy", sizeof(LazyObject), 0,
                          Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, lazy_slots};
 
 // ------------------------------------------------------------ recording
-// What the op returns, per its schema: structure entries are ("fresh",), ("alias", i),
-// ("list", n) or ("value", v). Strict uses it too (strict.assemble).
-PyObject* assemble(PyObject* structure, PyObject* vals, PyObject* fresh) {
-  const Py_ssize_t n = PyTuple_GET_SIZE(structure);
-  if (n == 0) Py_RETURN_NONE;
-  PyObject* rets = PyTuple_New(n);
-  if (rets == nullptr) return nullptr;
-  Py_ssize_t next = 0;
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* s = PyTuple_GET_ITEM(structure, i);
-    PyObject* tag = PyTuple_GET_ITEM(s, 0);
-    PyObject* r;
-    if (tag == g_names[N_FRESH] || PyUnicode_CompareWithASCIIString(tag, "fresh") == 0) {
-      r = PyList_GetItem(fresh, next++);  // borrowed; IndexError if the entry is malformed
-      Py_XINCREF(r);
-    } else if (PyUnicode_CompareWithASCIIString(tag, "alias") == 0) {
-      r = PyList_GetItem(vals, PyLong_AsSsize_t(PyTuple_GET_ITEM(s, 1)));
-      Py_XINCREF(r);
-    } else if (PyUnicode_CompareWithASCIIString(tag, "list") == 0) {
-      const Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(s, 1));
-      r = PyList_GetSlice(fresh, next, next + k);
-      next += k;
-    } else {
-      r = PyTuple_GET_ITEM(s, 1);
-      Py_INCREF(r);
-    }
-    if (r == nullptr) {
-      Py_DECREF(rets);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(rets, i, r);
-  }
-  if (n == 1) {
-    PyObject* r = PyTuple_GET_ITEM(rets, 0);
-    Py_INCREF(r);
-    Py_DECREF(rets);
-    return r;
-  }
-  return rets;
-}
-
-// An op's fresh result tensors: new tensors, storage k's buffer record holding
-// value(k, storage) (a new reference: a Lazy when recording, a buffer when run at once).
-template <typename Value>
-bool store_fresh(PyObject* specs, PyObject* recs, PyObject* fresh, Value value) {
-  const Py_ssize_t n = PyList_GET_SIZE(specs);
-  for (Py_ssize_t k = 0; k < n; ++k) {
-    PyObject* spec = PyList_GET_ITEM(specs, k);  // (shape, torch dtype, strides or None)
-    PyObject* rec = PyList_GET_ITEM(recs, k);    // (flat length, jax dtype)
-    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3) {
-      PyErr_SetString(PyExc_TypeError, "record: an entry's fresh spec is not (shape, dtype, strides)");
-      return false;
-    }
-    // the strides of the meta kernel's layout, which the entry's body writes the flat
-    // buffer in (eager/opcall.py _layout); None: contiguous
-    PyObject* args[3] = {PyTuple_GET_ITEM(spec, 0), PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 1)};
-    PyObject* pair = empty_with_storage(nullptr, args, 3);
-    if (pair == nullptr) return false;
-    PyObject* st = PyTuple_GET_ITEM(pair, 1);
-    PyObject* v = value(k, st);
-    const bool ok = v != nullptr &&
-                    set_record(st, v, PyTuple_GET_ITEM(rec, 0), PyTuple_GET_ITEM(rec, 1)) &&
-                    PyList_Append(fresh, PyTuple_GET_ITEM(pair, 0)) == 0;
-    Py_XDECREF(v);
-    Py_DECREF(pair);
-    if (!ok) return false;
-  }
-  return true;
-}
-
-// The storages an op mutates: storage k's buffer record now holds value(k, storage) (a
-// new reference), its length and dtype kept.
-template <typename Value>
-bool store_mutated(PyObject* slots, PyObject* vals, Value value) {
-  const Py_ssize_t n = PyList_GET_SIZE(slots);
-  for (Py_ssize_t k = 0; k < n; ++k) {
-    PyObject* slot = PyList_GET_ITEM(slots, k);  // (arg index, list index or None)
-    PyObject* t = PyList_GET_ITEM(vals, PyLong_AsSsize_t(PyTuple_GET_ITEM(slot, 0)));
-    PyObject* j = PyTuple_GET_ITEM(slot, 1);
-    if (j != Py_None) t = PySequence_Fast_GET_ITEM(t, PyLong_AsSsize_t(j));
-    if (!THPVariable_Check(t)) {
-      PyErr_SetString(PyExc_TypeError, "record: a mutated argument is not a tensor");
-      return false;
-    }
-    PyObject* st = THPStorage_Wrap(THPVariable_Unpack(t).storage());
-    if (st == nullptr) return false;
-    PyObject* old = PyObject_GetAttr(st, g_record_attr);
-    PyObject* v = old == nullptr ? nullptr : value(k, st);
-    const bool ok = v != nullptr &&
-                    set_record(st, v, PyTuple_GET_ITEM(old, 1), PyTuple_GET_ITEM(old, 2));
-    Py_XDECREF(v);
-    Py_XDECREF(old);
-    Py_DECREF(st);
-    if (!ok) return false;
-  }
-  return true;
-}
-
 PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 5 || !PyList_Check(args[0]) || !PyList_Check(args[4])) {
     PyErr_SetString(PyExc_TypeError, "record(nodes, entry, bufs, dyns, vals: list)");
@@ -608,65 +499,6 @@ PyMethodDef g_methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
-
-// Strict's cached op in C: the tail of StrictExecutor.execute (eager/strict.py), its
-// Python reference. `fn` is the entry's executable; its results become the fresh
-// tensors' buffers (allocated after the call: past the device's capacity the allocator
-// raises torch.OutOfMemoryError and the op leaves no trace) and the mutated storages'
-// new buffers. An exception from `fn` (other than KeyboardInterrupt) is cleared and
-// *retry set: Python's execute runs the op again and maps the error to torch's.
-PyObject* run_op(PyObject* entry, PyObject* fn, PyObject* bufs, PyObject* dyns, PyObject* vals,
-                 bool* retry) {
-  *retry = false;
-  if (!PyList_Check(bufs) || !PyList_Check(dyns)) {
-    PyErr_SetString(PyExc_TypeError, "run_op: bufs and dyns must be lists");
-    return nullptr;
-  }
-  const Py_ssize_t nb = PyList_GET_SIZE(bufs), nd = PyList_GET_SIZE(dyns);
-  std::vector<PyObject*> args(static_cast<size_t>(nb + nd));
-  for (Py_ssize_t i = 0; i < nb; ++i) args[i] = PyList_GET_ITEM(bufs, i);
-  for (Py_ssize_t i = 0; i < nd; ++i) args[nb + i] = PyList_GET_ITEM(dyns, i);
-  PyObject* outs = PyObject_Vectorcall(fn, args.data(), static_cast<size_t>(nb + nd), nullptr);
-  if (outs == nullptr) {
-    if (!PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-      PyErr_Clear();
-      *retry = true;
-    }
-    return nullptr;
-  }
-  PyObject* seq = PySequence_Fast(outs, "run_op: an entry's executable returns a list");
-  Py_DECREF(outs);
-  if (seq == nullptr) return nullptr;
-  PyObject* specs = g_fresh.get(entry);
-  PyObject* recs = g_out_recs.get(entry);
-  PyObject* slots = g_mut_slots.get(entry);
-  PyObject* structure = g_structure.get(entry);
-  PyObject* fresh = PyList_New(0);
-  PyObject* result = nullptr;
-  if (specs != nullptr && recs != nullptr && slots != nullptr && structure != nullptr &&
-      fresh != nullptr && PyList_Check(specs) && PyList_Check(recs) && PyList_Check(slots) &&
-      PyTuple_Check(structure) &&
-      PySequence_Fast_GET_SIZE(seq) == PyList_GET_SIZE(specs) + PyList_GET_SIZE(slots)) {
-    const Py_ssize_t nfresh = PyList_GET_SIZE(specs);
-    auto out = [seq](Py_ssize_t k) {
-      PyObject* v = PySequence_Fast_GET_ITEM(seq, k);
-      Py_INCREF(v);
-      return v;
-    };
-    if (store_fresh(specs, recs, fresh, [&](Py_ssize_t k, PyObject*) { return out(k); }) &&
-        store_mutated(slots, vals, [&](Py_ssize_t k, PyObject*) { return out(nfresh + k); }))
-      result = assemble(structure, vals, fresh);
-  } else if (!PyErr_Occurred()) {
-    PyErr_SetString(PyExc_TypeError, "run_op: malformed entry or results");
-  }
-  Py_XDECREF(specs);
-  Py_XDECREF(recs);
-  Py_XDECREF(slots);
-  Py_XDECREF(structure);
-  Py_XDECREF(fresh);
-  Py_DECREF(seq);
-  return result;
-}
 
 // record, for OpKernel (kernel.cpp)
 PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns, PyObject* vals) {

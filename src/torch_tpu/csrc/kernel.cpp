@@ -32,7 +32,7 @@ namespace torch_tpu {
 PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs);  // scan.cpp
 PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals);         // scan.cpp
 PyObject* run_op(PyObject* entry, PyObject* fn, PyObject* bufs, PyObject* dyns, PyObject* vals,
-                 bool* retry);                                                  // graph.cpp
+                 bool* retry);                                                  // results.cpp
 PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns,
                     PyObject* vals);                                           // graph.cpp
 bool in_bad_fork();                                                            // memory.cpp
@@ -275,7 +275,7 @@ done:
   return result;
 }
 
-// Strict's fast path: the op's cached entry run at once (graph.cpp run_op), or NOT_HERE
+// Strict's fast path: the op's cached entry run at once (results.cpp run_op), or NOT_HERE
 // for Python's execute: a miss, what scan leaves to Python, data-dependent shapes, ops
 // with device-side asserts (eager/asserts.py), precision-sensitive ops (keyed in Python:
 // the bare key misses) and an executable that raised (execute maps its error).
