@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _config, _frames, metrics
+from .. import _config, _frames, _runtime, metrics
 
 _SLOTS = 64          # codes per position: an op declares fewer bounds than this
 _user_line = _frames.user_line
@@ -207,8 +207,9 @@ def _run_linked(fn, args, sources):
         if seg.values:
             chain = seg.values[-1]
         else:
-            if not _ZERO:
-                _ZERO.append(jnp.zeros((), jnp.int64))
+            if not _ZERO:  # committed, as every later value is: jit compiles a program
+                # again for an argument that is not (a 1-2 s stall on a cache hit)
+                _ZERO.append(jax.device_put(jnp.zeros((), jnp.int64), _runtime.device()))
             chain = _ZERO[0]
         outs = fn(*args, chain)
         if new:  # (only once its first program was accepted)

@@ -11,6 +11,19 @@ the same cached graph. The recorder keeps the entry ids recorded since the last 
 the newest 2P ops are one block of P ops repeated (and P is a large part of what was
 recorded), it flushes, so each flush covers the same repeated ops.
 
+Compile-cost guard: XLA compiles an unrolled loop's every step anew, and on XLA:CPU a
+step with a matmul and an RNN cell costs ~0.2-0.5 s, so a 2-layer LSTM over 35 time steps
+(forward, or backward: 20 ops a step) compiled for minutes as one graph. The detector's
+size cap is used as a checkpoint (`loop.max_nodes`, GUARD_STEP nodes apart, or where a
+block seen twice would have its repeats; the real cap is `max_nodes`, MAX_NODES), so
+recording pays nothing per op: there the newest ops are searched for a block of P ops
+repeated GUARD_REPEATS times in a row that holds an op XLA does not fuse into a loop
+(not pointwise). Found, the graph is flushed, and from then on every GUARD_CHUNK nodes
+(a whole number of blocks) that are exactly the block again are flushed alone: the same
+graph each time, one cached program. The first other op ends that. Models of at most 5
+identical layers and pointwise chains are never split; backward passes are (their steps
+repeat like the forward's). docs/DYNAMIC_SHAPES.md, "Cold start".
+
 Python's cyclic garbage collector is paused while a graph is pending (if it was running)
 and resumes at the flush. A small Llama step keeps ~2,500 recording objects alive until
 its flush; collections that run meanwhile promote them to older generations, which then
@@ -37,6 +50,7 @@ import threading
 import weakref
 
 import jax.numpy as jnp
+import torch
 
 from .. import _C, _frames, _runtime, _storage, metrics
 from .._program_cache import op_entry
@@ -55,6 +69,13 @@ _COUNTERS = metrics.counters
 
 MAX_NODES = 4096       # graph-size cap: flush before a graph gets slow to compile
 MIN_PERIOD = 10        # shortest op block that counts as a loop iteration
+# the compile-cost guard (see the top)
+GUARD_STEP = 16        # nodes between its checkpoints (further apart past 128: n // 4)
+GUARD_REPEATS = 6      # a block repeated this often in a row is an unrolled loop
+GUARD_MAX_BLOCK = 256  # the longest block looked for
+# nodes flushed per chunk of blocks; under 2 * MIN_PERIOD, so that the loop detector
+# never sees a chunk's blocks as loop iterations (a block of 10+ ops is a chunk alone)
+GUARD_CHUNK = 16
 DEFERRED_UPLOAD_MAX_BYTES = 4 << 20  # larger host uploads go at once (see `upload`)
 
 
@@ -62,14 +83,19 @@ class DeferExecutor:
     name = "defer_and_fuse"
     deferred = True
     # slots: the op kernels read nodes and in_backward at their offsets (csrc/slots.h)
-    __slots__ = ("nodes", "paused_gc", "in_backward", "loop", "lock")
+    __slots__ = ("chunk", "ids", "in_backward", "lock", "loop", "max_nodes", "nodes",
+                 "paused_gc")
 
     def __init__(self):
         self.nodes = []  # None while a flush runs (see the top: threads)
         self.lock = threading.RLock()
         self.paused_gc = False
         self.in_backward = 0  # backward passes running (see `backward`)
-        self.loop = _C.LoopDetector(MIN_PERIOD, MAX_NODES)
+        # its size cap is the compile-cost guard's next checkpoint (see the top)
+        self.loop = _C.LoopDetector(MIN_PERIOD, GUARD_STEP)
+        self.max_nodes = MAX_NODES
+        self.chunk = None  # the guard's chunk: the entries a graph of repeated blocks has
+        self.ids = []  # the guard's copy of the pending nodes' entry ids, extended at each look
 
     def _graph_starts(self):
         """A graph's first node: pause the cyclic GC (see the top)."""
@@ -168,12 +194,44 @@ class DeferExecutor:
             self._loop_flush(verdict)
 
     def _loop_flush(self, verdict):
-        """The loop detector's verdict: 1, a loop iteration ended; 2, the size cap."""
+        """The loop detector's verdict: 1, a loop iteration ended; 2, its size cap: the
+        compile-cost guard's checkpoint, or the graph-size cap."""
         if verdict == 1:
             metrics.count("loops_detected")
             self.flush("loop")
-        else:
+        elif not self._guard():
             self.flush("size_cap")
+
+    def _guard(self) -> bool:
+        """The compile-cost guard's checkpoint (see the top); False: the graph reached
+        its size cap."""
+        with self.lock:
+            nodes = self.nodes
+            if not nodes:  # (another thread flushed it meanwhile)
+                return True
+            n = len(nodes)
+            if n >= self.max_nodes:
+                return False
+            chunk = self.chunk
+            if chunk is not None:
+                if n == len(chunk) and all(a.entry is b for a, b in zip(nodes, chunk)):
+                    self.flush("compile_guard")
+                    return True
+                self.chunk = None  # the loop ended
+            else:
+                ids = self.ids
+                ids.extend([id(nd.entry) for nd in nodes[len(ids):]])
+                p, soon = _repeated_block(nodes, ids)
+                if p:
+                    block = [nd.entry for nd in nodes[n - p:]]
+                    self.chunk = tuple(block * max(1, GUARD_CHUNK // p))
+                    self.flush("compile_guard")
+                    return True
+                if soon:  # look again where a block seen twice will have its repeats
+                    self.loop.max_nodes = min(self.max_nodes, n + soon)
+                    return True
+            self.loop.max_nodes = min(self.max_nodes, n + max(GUARD_STEP, n >> 2))
+            return True
 
     # ------------------------------------------------------------ flushing
     def flush(self, reason: str) -> None:
@@ -183,6 +241,12 @@ class DeferExecutor:
                 return
             self.nodes = None
             self.loop.reset()
+            self.ids = []
+            if reason != "compile_guard":
+                self.chunk = None
+            # the next graph: the guard's chunk, or its first checkpoint
+            self.loop.max_nodes = min(self.max_nodes,
+                                      len(self.chunk) if self.chunk else GUARD_STEP)
             metrics.count(f"flush.{reason}")
             try:
                 fuse.flush(nodes)
@@ -192,6 +256,39 @@ class DeferExecutor:
                 if self.paused_gc:
                     self.paused_gc = False
                     gc.enable()
+
+
+def _repeated_block(nodes, ids) -> tuple[int, int]:
+    """(P, 0): P is the shortest block of ops that the newest nodes repeat GUARD_REPEATS
+    times and that holds an op that is not pointwise (what XLA compiles as one loop
+    fusion costs little however long). (0, k): none, but the shortest such block that
+    the newest nodes repeat twice would have its repeats k nodes on; (0, 0): neither.
+    `ids`: the nodes' entry ids."""
+    r = GUARD_REPEATS
+    # newest first: rev[p] is the op p ops before the newest; a block of P ends with an
+    # op equal to the newest, P ops back (list.index finds those in C)
+    rev = ids[-r * GUARD_MAX_BLOCK:][::-1]
+    n, p = len(rev), 0
+    limit = min(n // 2, GUARD_MAX_BLOCK) + 1
+    while True:
+        try:
+            p = rev.index(rev[0], p + 1, limit)
+        except ValueError:
+            return 0, 0
+        block = rev[:p]
+        if rev[p:2 * p] != block or not any(_compiles_apart(nd.entry) for nd in nodes[-p:]):
+            continue
+        k = 2  # the repeats: blocks back from the newest equal to it
+        while k < r and (k + 1) * p <= n and rev[k * p:(k + 1) * p] == block:
+            k += 1
+        return (p, 0) if k >= r else (0, (r - k) * p)
+
+
+def _compiles_apart(entry) -> bool:
+    """An aten op that is not pointwise: its own kernel in XLA's program (a matmul, an
+    RNN cell, a reduction), which is what a long graph's compile time is made of."""
+    op = getattr(entry.key[0], "op", None)
+    return op is not None and torch.Tag.pointwise not in op.tags
 
 
 _SOURCES: dict = {}
