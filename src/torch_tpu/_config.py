@@ -156,6 +156,13 @@ _DECLARED = [
     Setting("TORCH_TPU_PROGRAM_CACHE_MAX_MB", "int", 2048, IMPORT,
             "the most megabytes of compiled programs kept in memory (XLA's code size; on "
             "XLA:CPU, which reports none, 1.5 MB a program), evicted least recently used first"),
+    Setting("TORCH_TPU_BUCKETS", "str", None, PER_OP,
+            "Sizes (comma- or space-separated) that lengths which vary are compiled at, "
+            "e.g. HF generate's cache capacity; past the largest, and by default, powers of "
+            "two from 16 (`torch_tpu.set_buckets` overrides it)", default_doc="powers of two"),
+    Setting("TORCH_TPU_BUCKETED_GENERATE", "bool", True, PER_OP,
+            "HF `generate()` on tpu decodes at a bucketed capacity (one program set per "
+            "bucket, not per token); 0 runs transformers' own loop"),
     Setting("TORCH_TPU_RECOMPILE_WARN", "int", 8, PER_OP,
             "warn (`RecompileWarning`, once per site) when one op at one line, one fused op "
             "sequence or one compiled graph has recompiled this many times for new shapes, "

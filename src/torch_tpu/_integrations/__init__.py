@@ -1,11 +1,12 @@
 """Adapters for libraries that pick their device from a fixed list of in-tree backends.
 
 Each adapter is applied lazily, when its library is imported, so that `import torch_tpu`
-imports none of them."""
+imports none of them. generation: HF generate() on tpu at bucketed shapes."""
 from __future__ import annotations
 
-from . import accelerate
+from . import accelerate, generation
 
 
 def install() -> None:
     accelerate.install()
+    generation.install()

@@ -1,0 +1,292 @@
+"""HF `generate()` on tpu at bucketed shapes: the programs it compiles grow with the number
+of buckets its lengths reach, not with the number of tokens (issue 15, item 3).
+
+Why: transformers' decoding loop (`GenerationMixin._sample`, 5.24) grows four tensors by one
+token per step with `torch.cat`: the default DynamicCache's keys and values, `input_ids`, the
+2-D attention mask and the position ids. Each new length is a new shape and XLA compiles a
+program per shape: Strict compiled about four programs per token and DeferAndFuse the whole
+decode step's graph per token (bench shapes: 180 programs for 16 tokens, 468 for 64).
+
+What: on tpu, `_sample` is wrapped. A call it supports runs transformers' own loop with
+every growing tensor held at one capacity, the bucket of `max_length` (`_buckets.bucket`):
+  - the cache is transformers' StaticCache of that capacity. Its layers write a step's keys
+    with `index_copy_` at the cached length (a device tensor, so data), and attention reads
+    the whole capacity under the causal mask, which hides the positions not yet written.
+    This is transformers' static-cache path, exact;
+  - input_ids, the attention mask and the position ids are buffers of that capacity. A step
+    writes its column at offset L (an offset is data: docs/DYNAMIC_SHAPES.md). The model is
+    given `buf[:, :L]`, of which it reads the slice `[:, -1:]`; the attention mask is given
+    whole, zeros past L, which is what transformers pads it to for a static cache.
+So every decode step has the same shapes: one program set per capacity. A call takes the
+smallest capacity this model has already used that holds it, so after one long call no
+shorter one compiles anything. The prefill is keyed by the prompt's length.
+
+The stop flag (`unfinished.max() == 0`) is read after the next step is queued, as
+transformers' DeferredStopCheck does on mps, so the host never waits on it for the device;
+the queued step of a finished call is dropped.
+
+The user's choice of cache keeps its meaning: the default dynamic cache runs in the eager
+mode (Strict, DeferAndFuse), and `cache_implementation="static"` keeps transformers'
+auto-compile of the forward (default backend: tpu). The sequences returned are a view of the
+capacity buffer (non-contiguous when the batch is above 1), like a slice on CUDA.
+
+Everything else goes to transformers' loop unchanged, counted in `metrics.counters`
+(`generate_unbucketed`) with its reason in `unbucketed_reasons()`: encoder-decoder models, a
+cache the user passed, synced_gpus, a prompt given as inputs_embeds, output_attentions or
+output_hidden_states, chunked prefill, assisted decoding, model inputs besides the attention
+mask and position ids (pixel values, token types), and cache layers other than full attention.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import warnings
+
+import torch
+
+from .. import _buckets, _config, _on_import, metrics
+from .._patches import Patch
+
+WRITTEN_AGAINST = "5.24.0"
+_MODULE = "transformers.generation.utils"
+_GROWN = ("attention_mask", "position_ids")  # the kwargs `_update_model_kwargs_for_generation` grows
+_POOL = "_tpu_generate_caches"                # model attribute: {(batch, capacity): StaticCache}
+_reasons: collections.Counter = collections.Counter()
+_GENERATE_SIGNATURE = (
+    "(self: 'GenerativePreTrainedModel', inputs: torch.Tensor | None = None, generation_config: "
+    "transformers.generation.configuration_utils.GenerationConfig | None = None, logits_processor: "
+    "transformers.generation.logits_process.LogitsProcessorList | None = None, stopping_criteria: "
+    "transformers.generation.stopping_criteria.StoppingCriteriaList | None = None, "
+    "prefix_allowed_tokens_fn: collections.abc.Callable[[int, torch.Tensor], list[int]] | None = "
+    "None, synced_gpus: bool | None = None, assistant_model: Optional[ForwardRef('PreTrainedModel')]"
+    " = None, streamer: Optional[ForwardRef('BaseStreamer')] = None, negative_prompt_ids: "
+    "torch.Tensor | None = None, negative_prompt_attention_mask: torch.Tensor | None = None, "
+    "custom_generate: str | collections.abc.Callable | None = None, **kwargs) -> "
+    "transformers.generation.utils.GenerateDecoderOnlyOutput | "
+    "transformers.generation.utils.GenerateEncoderDecoderOutput | "
+    "transformers.generation.utils.GenerateBeamDecoderOnlyOutput | "
+    "transformers.generation.utils.GenerateBeamEncoderDecoderOutput | torch.LongTensor")
+
+
+def unbucketed_reasons() -> dict:
+    """Why tpu `generate()` calls ran transformers' per-token loop: reason -> calls."""
+    return dict(_reasons)
+
+
+def _unsupported(model, input_ids, generation_config, synced_gpus, stopping_criteria, kwargs):
+    from transformers.cache_utils import DynamicCache, DynamicLayer, StaticCache, StaticLayer
+
+    cache = kwargs.get("cache")
+    checks = (
+        (model.config.is_encoder_decoder, "an encoder-decoder model"),
+        (synced_gpus, "synced_gpus"),
+        (generation_config.is_assistant or kwargs.get("assistant_model") is not None,
+         "assisted decoding"),
+        (generation_config.prefill_chunk_size is not None, "chunked prefill"),
+        (generation_config.output_attentions or generation_config.output_hidden_states,
+         "output_attentions or output_hidden_states"),
+        (kwargs.get("inputs_embeds") is not None, "a prompt given as inputs_embeds"),
+        (stopping_criteria.max_length is None, "no max_length"),
+        (cache is None, "no cache (use_cache=False)"),
+    )
+    for failed, why in checks:
+        if failed:
+            return why
+    if getattr(cache, "_is_user_defined", False):
+        return "a cache passed by the user"
+    if type(cache) is DynamicCache:
+        layer_ok = lambda layer: type(layer) is DynamicLayer  # noqa: E731
+    elif type(cache) is StaticCache:
+        layer_ok = lambda layer: type(layer) is StaticLayer  # noqa: E731
+    else:
+        return f"a {type(cache).__name__}"
+    if not all(layer_ok(layer) and not layer.is_initialized for layer in cache.layers):
+        return "cache layers other than full attention, or a cache holding tokens"
+    for key, value in kwargs.items():
+        if torch.is_tensor(value) and key not in _GROWN:
+            return f"the model input {key!r}"
+    return None
+
+
+def _capacity(model, batch: int, max_length: int) -> int:
+    """The smallest capacity this model already holds a cache of that fits, else the bucket."""
+    held = [cap for (b, cap) in getattr(model, _POOL, {}) if b == batch and cap >= max_length]
+    return min(held) if held else _buckets.bucket(max_length)
+
+
+def _static_cache(model, batch: int, capacity: int):
+    """The model's pooled StaticCache for (batch, capacity), emptied. Pooled, not rebuilt,
+    so its buffers (and a compiled forward's guards on them) stay the same across calls, as
+    transformers keeps its own static cache."""
+    from transformers.cache_utils import StaticCache
+
+    pool = model.__dict__.setdefault(_POOL, {})
+    cache = pool.get((batch, capacity))
+    # DeferAndFuse: the allocation below happens in the first call only. Flushing on both
+    # sides of it keeps it out of the graphs every call shares, so the first call's graphs
+    # are the later calls' (else the second call compiles its own first graph).
+    torch.tpu.synchronize()
+    if cache is None:
+        config = model.config.get_text_config(decoder=True)
+        cache = pool[(batch, capacity)] = StaticCache(config=config, max_cache_len=capacity)
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # Allocated now, not inside the first forward, for the same reason.
+        cache.early_initialization(batch, heads, head_dim, model.dtype, model.device)
+        torch.tpu.synchronize()
+    cache.reset()
+    return cache
+
+
+def _capacity_buffer(t: torch.Tensor, capacity: int, fill) -> torch.Tensor:
+    buf = t.new_full((*t.shape[:-1], capacity), fill)
+    buf[..., :t.shape[-1]] = t
+    return buf
+
+
+def _grow(key: str, buf: torch.Tensor, at: int) -> None:
+    """Write column `at` of a grown kwarg as `_update_model_kwargs_for_generation` would."""
+    if key == "attention_mask":
+        buf[..., at].fill_(1)
+    else:  # position ids: one past the last
+        buf[..., at:at + 1].copy_(buf[..., at - 1:at] + 1)
+
+
+def _model_kwargs(kwargs: dict, grown: dict, length: int) -> dict:
+    out = dict(kwargs)
+    for key, buf in grown.items():
+        out[key] = buf if key == "attention_mask" else buf[..., :length]
+    return out
+
+
+def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                     streamer, model_kwargs):
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    batch, length = input_ids.shape
+    max_length = stopping_criteria.max_length
+    capacity = _capacity(model, batch, max_length)
+    # Compile as transformers would for the cache the user chose (the default dynamic cache
+    # never auto-compiles), then swap in the capacity cache.
+    compiled = model._valid_auto_compile_criteria(model_kwargs, generation_config)
+    forward = model.get_compiled_call(generation_config.compile_config) if compiled else model.__call__
+    cache = _static_cache(model, batch, capacity)
+    kwargs = dict(model_kwargs, cache=cache)
+
+    pad = generation_config._pad_token_tensor
+    pad = pad.to(input_ids.device) if pad is not None else None
+    ids = _capacity_buffer(input_ids, capacity, 0 if pad is None else pad.item())
+    grown = {k: _capacity_buffer(kwargs.pop(k), capacity, 0) for k in _GROWN
+             if kwargs.get(k) is not None}
+    want = generation_config.return_dict_in_generate
+    scores = () if want and generation_config.output_scores else None
+    raw_logits = () if want and generation_config.output_logits else None
+    has_eos = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
+    unfinished = torch.ones(batch, dtype=torch.long, device=input_ids.device)
+
+    inputs = model.prepare_inputs_for_generation(
+        ids[:, :length], is_first_iteration=True, **_model_kwargs(kwargs, grown, length))
+    outputs = model(**inputs, return_dict=True)
+    with model._optimize_model_for_decode():
+        while True:
+            logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
+            del outputs
+            step_scores = logits_processor(ids[:, :length], logits)
+            if scores is not None:
+                scores += (step_scores,)
+            if raw_logits is not None:
+                raw_logits += (logits,)
+            if generation_config.do_sample:
+                probs = torch.nn.functional.softmax(step_scores, dim=-1)
+                tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
+            else:
+                tokens = torch.argmax(step_scores, dim=-1)
+            if has_eos:
+                tokens = tokens * unfinished + pad * (1 - unfinished)
+            ids[:, length] = tokens
+            for key, buf in grown.items():
+                _grow(key, buf, length)
+            length += 1
+            unfinished = unfinished & ~stopping_criteria(ids[:, :length], scores)
+            if streamer is not None:
+                streamer.put(tokens.cpu())
+            if length >= max_length:
+                break
+            all_done = unfinished.max() == 0
+            inputs = model.prepare_inputs_for_generation(
+                ids[:, :length], next_sequence_length=1, **_model_kwargs(kwargs, grown, length))
+            outputs = forward(**inputs, return_dict=True)
+            if bool(all_done):  # read with the next step queued behind it
+                cache.crop(-1)  # that step's keys: the returned cache ends at the last token
+                break
+    if streamer is not None:
+        streamer.end()
+    sequences = ids[:, :length]
+    if not want:
+        return sequences
+    return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=raw_logits,
+                                     cache=cache)
+
+
+def _sample(original):
+    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config,
+                synced_gpus=False, streamer=None, **model_kwargs):
+        if input_ids.device.type == "tpu" and _config.get("TORCH_TPU_BUCKETED_GENERATE"):
+            why = _unsupported(self, input_ids, generation_config, synced_gpus,
+                               stopping_criteria, model_kwargs)
+            if why is None:
+                metrics.count("generate_bucketed")
+                return _bucketed_sample(self, input_ids, logits_processor, stopping_criteria,
+                                        generation_config, streamer, model_kwargs)
+            metrics.count("generate_unbucketed")
+            _reasons[why] += 1
+        return original(self, input_ids, logits_processor, stopping_criteria, generation_config,
+                        synced_gpus, streamer, **model_kwargs)
+    return _sample
+
+
+def _generate(original):
+    @functools.wraps(original)
+    def generate(self, *args, **kwargs):
+        # DeferAndFuse: what the user recorded before the call is flushed on its own, not
+        # into generate's first graph, which would then differ from call to call.
+        if self.device.type == "tpu" and _config.get("TORCH_TPU_BUCKETED_GENERATE"):
+            torch.tpu.synchronize()
+        return original(self, *args, **kwargs)
+    return generate
+
+
+PATCHES = [
+    Patch(f"{_MODULE}:GenerationMixin._sample",
+          "(self: 'GenerativePreTrainedModel', input_ids: torch.LongTensor, "
+          "logits_processor: transformers.generation.logits_process.LogitsProcessorList, "
+          "stopping_criteria: transformers.generation.stopping_criteria.StoppingCriteriaList, "
+          "generation_config: transformers.generation.configuration_utils.GenerationConfig, "
+          "synced_gpus: bool = False, streamer: Optional[ForwardRef('BaseStreamer')] = None, "
+          "**model_kwargs) -> transformers.generation.utils.GenerateDecoderOnlyOutput | "
+          "transformers.generation.utils.GenerateEncoderDecoderOutput | torch.LongTensor",
+          _sample, "each token is a new shape: a program set per token on tpu"),
+    Patch(f"{_MODULE}:GenerationMixin.generate", _GENERATE_SIGNATURE, _generate,
+          "DeferAndFuse: the user's pending ops would join generate's first graph"),
+]
+
+
+def _patch() -> None:
+    changed = {p.target: p.current_signature() for p in PATCHES
+               if p.current_signature() != p.signature}
+    if changed:
+        warnings.warn(
+            f"torch_tpu: transformers' generation changed since {WRITTEN_AGAINST} ({changed}); "
+            "generate() on tpu is left unpatched and compiles programs per token",
+            RuntimeWarning, stacklevel=2)
+        return
+    for p in PATCHES:
+        p.apply()
+
+
+def install() -> None:
+    """Patch transformers' generation now if it is loaded, else as soon as it is."""
+    _on_import.when_imported(_MODULE, _patch, lambda m: hasattr(m, "GenerationMixin"))
+
+
+__all__ = ["install", "unbucketed_reasons"]

@@ -1,0 +1,43 @@
+"""Bucket sizes (torch_tpu/_buckets.py) and the generation adapter's patches
+(torch_tpu/_integrations/generation.py): still matching the transformers they were written
+for. tests/test_generate_buckets.py runs generation through them end to end."""
+import inspect
+
+import pytest
+import transformers
+import transformers.generation.utils  # noqa: F401  (installs the adapter's patches)
+
+import torch_tpu
+from torch_tpu import _buckets
+from torch_tpu._integrations import generation
+
+
+def test_powers_of_two_by_default(monkeypatch):
+    monkeypatch.delenv("TORCH_TPU_BUCKETS", raising=False)
+    assert [_buckets.bucket(n) for n in (1, 16, 17, 264, 512, 513)] == [16, 16, 32, 512, 512, 1024]
+
+
+def test_a_bucket_list_then_powers_of_two_past_it(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_BUCKETS", "100, 300")
+    assert [_buckets.bucket(n) for n in (5, 100, 101, 300, 301)] == [100, 100, 300, 300, 512]
+    torch_tpu.set_buckets([48, 24])  # the API wins over the environment, in any order
+    try:
+        assert [_buckets.bucket(n) for n in (5, 30, 49)] == [24, 48, 64]
+    finally:
+        torch_tpu.set_buckets(None)
+    assert _buckets.bucket(5) == 100
+
+
+def test_bad_buckets_name_the_problem():
+    with pytest.raises(ValueError, match="positive sizes"):
+        torch_tpu.set_buckets([0, 8])
+
+
+@pytest.mark.parametrize("patch", generation.PATCHES, ids=lambda p: p.target)
+def test_written_against_this_transformers(patch):
+    """A new transformers must be read against the wrapped loop before the pin moves: the
+    bucketed loop reproduces `_sample`'s steps."""
+    assert transformers.__version__ == generation.WRITTEN_AGAINST
+    owner, name = patch.owner_and_name()
+    assert inspect.getattr_static(owner, name)._tpu_patch is patch
+    assert patch.current_signature() == patch.signature
