@@ -4,7 +4,8 @@ A size n runs at the smallest bucket that holds it, so a dimension that takes ma
 costs one program per bucket, not one per size. The buckets are the list given to
 `torch_tpu.set_buckets` (or `TORCH_TPU_BUCKETS`), and past its largest entry, or with no
 list, the powers of two from `MIN_BUCKET` up. Used by HF generation on tpu
-(`_integrations/generation.py`); docs/DYNAMIC_SHAPES.md says how to pick them.
+(`_integrations/generation.py`) and by `torch_tpu.pad_to_bucket` for training batches;
+docs/DYNAMIC_SHAPES.md says how to pick them.
 """
 from __future__ import annotations
 
@@ -45,3 +46,39 @@ def bucket(n: int) -> int:
     while size < n:
         size *= 2
     return size
+
+
+def pad_to_bucket(batch, *, pad_token_id: int = 0, label_pad_id: int = -100, dim: int = -1):
+    """A batch padded along `dim` (the sequence) to its length's bucket, so that training on
+    batches of many lengths compiles one program set per bucket.
+
+    `batch` is a tensor (padded with 0) or an HF-style dict of tensors sharing that length:
+    `input_ids` are padded with `pad_token_id`, `labels` with `label_pad_id` (ignored by the
+    loss), everything else with 0, and an `attention_mask` (ones where there was none) with
+    0, so a model that honours the mask and a loss that ignores -100 compute what the
+    unpadded batch gives. Pad the batch on the host (in the collator, before `.to(device)`):
+    padding a tpu tensor is itself an op of the unpadded shape."""
+    import torch
+
+    if torch.is_tensor(batch):
+        return _pad(batch, dim, 0)
+    length = batch["input_ids"].shape[dim]
+    padded = dict(batch)
+    if "attention_mask" not in padded:
+        padded["attention_mask"] = torch.ones_like(batch["input_ids"])
+    values = {"input_ids": pad_token_id, "labels": label_pad_id}
+    for key, value in padded.items():
+        if torch.is_tensor(value) and value.dim() and value.shape[dim] == length:
+            padded[key] = _pad(value, dim, values.get(key, 0))
+    return type(batch)(padded) if not isinstance(batch, dict) else padded
+
+
+def _pad(t, dim: int, value):
+    import torch
+
+    extra = bucket(t.shape[dim]) - t.shape[dim]
+    if extra == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t, t.new_full(shape, value)], dim=dim)
