@@ -19,7 +19,7 @@ for arg in "$@"; do
     args+=("$arg")
 done
 rc=0
-"$ROOT/.venv/bin/python" -m pytest -q "${targets[@]}" "${args[@]}" || rc=$?
+"$ROOT/.venv/bin/python" -m pytest -q --durations=30 "${targets[@]}" "${args[@]}" || rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "test.sh: pytest collected no tests" >&2
     rc=0

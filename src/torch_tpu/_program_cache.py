@@ -491,9 +491,10 @@ def _storm(site, what, line, changes):
     message = (
         f"torch_tpu: {what} has compiled {st[0] + 1} programs, one for each new "
         f"shape ({st[0]} recompiles): XLA programs have static shapes. Varying: {varying}. Remedy: pad that "
-        f"dimension to a few fixed sizes (round lengths up to a power of two, masking the "
-        f"padding) so a few programs serve every size; docs/DYNAMIC_SHAPES.md says which "
-        f"variation is already free (view offsets). (TORCH_TPU_RECOMPILE_WARN sets the threshold; 0 "
+        f"dimension to a few fixed sizes, masking the padding, so a few programs serve every "
+        f"size: `torch_tpu.pad_to_bucket(batch)` pads a batch's length to its bucket (powers "
+        f"of two, or `torch_tpu.set_buckets([...])`); docs/DYNAMIC_SHAPES.md says which "
+        f"variation is already free (view offsets, HF generate's lengths). (TORCH_TPU_RECOMPILE_WARN sets the threshold; 0 "
         f"turns this warning off.){more}")
     if line:
         warnings.warn_explicit(message, RecompileWarning, line[0], line[1])

@@ -52,6 +52,13 @@ _MODULE = "transformers.generation.utils"
 _GROWN = ("attention_mask", "position_ids")  # the kwargs `_update_model_kwargs_for_generation` grows
 _POOL = "_tpu_generate_caches"                # model attribute: {(batch, capacity): StaticCache}
 _reasons: collections.Counter = collections.Counter()
+# The stop flag of step t is read after step t + _STOP_LAG - 1 is queued. 1, as
+# transformers' DeferredStopCheck: the host reads a flag that the step it has just queued
+# follows. 2 would let the host record a step while the device runs the one before, but on
+# XLA:CPU host and device share two cores, and DeferAndFuse decoded 184-194 tokens/s with
+# 2 against 261-271 with 1. The flag is read even when only max_length can stop (it is then
+# always false): it bounds how far the host runs ahead.
+_STOP_LAG = 1
 _GENERATE_SIGNATURE = (
     "(self: 'GenerativePreTrainedModel', inputs: torch.Tensor | None = None, generation_config: "
     "transformers.generation.configuration_utils.GenerationConfig | None = None, logits_processor: "
@@ -183,6 +190,9 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
     raw_logits = () if want and generation_config.output_logits else None
     has_eos = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     unfinished = torch.ones(batch, dtype=torch.long, device=input_ids.device)
+    unread = collections.deque()  # (all rows finished, length then) of steps not read yet
+    prompt = cached = length  # cached: positions the cache holds once queued work has run
+    stop = None               # the length at which every row had finished
 
     inputs = model.prepare_inputs_for_generation(
         ids[:, :length], is_first_iteration=True, **_model_kwargs(kwargs, grown, length))
@@ -210,22 +220,41 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
             unfinished = unfinished & ~stopping_criteria(ids[:, :length], scores)
             if streamer is not None:
                 streamer.put(tokens.cpu())
+            unread.append((unfinished.max() == 0, length))
             if length >= max_length:
                 break
-            all_done = unfinished.max() == 0
             inputs = model.prepare_inputs_for_generation(
                 ids[:, :length], next_sequence_length=1, **_model_kwargs(kwargs, grown, length))
             outputs = forward(**inputs, return_dict=True)
-            if bool(all_done):  # read with the next step queued behind it
-                cache.crop(-1)  # that step's keys: the returned cache ends at the last token
+            cached = length
+            if len(unread) == _STOP_LAG and (stop := _first_stop(unread, 1)) is not None:
                 break
+    if stop is None:  # the loop reached max_length: the flags not read yet
+        stop = _first_stop(unread, len(unread))
+    final = length if stop is None else stop
+    if cached > final - 1:  # keys of the steps past the stop: the cache ends at the last token
+        cache.crop(-(cached - (final - 1)))
+    if scores is not None:
+        scores = scores[:final - prompt]
+    if raw_logits is not None:
+        raw_logits = raw_logits[:final - prompt]
     if streamer is not None:
         streamer.end()
-    sequences = ids[:, :length]
+    sequences = ids[:, :final]
     if not want:
         return sequences
     return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=raw_logits,
                                      cache=cache)
+
+
+def _first_stop(unread, n: int):
+    """The length at the first of the `n` oldest unread steps after which every row had
+    finished (None: none had). Reading a flag waits for its step only."""
+    for _ in range(n):
+        done, at = unread.popleft()
+        if bool(done):
+            return at
+    return None
 
 
 def _sample(original):

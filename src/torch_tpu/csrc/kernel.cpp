@@ -159,6 +159,7 @@ struct KernelObject {
   PyObject* plan;
   PyObject* spec;   // plan.cspec: what normalize and scan read
   PyObject* cache;  // plan.cache: key -> Entry
+  PyObject* precision;  // plan.precision: the settings snapshot of a sensitive op, or null
 };
 
 thread_local PyObject* t_current = nullptr;  // this thread's eager_mode block's executor
@@ -176,7 +177,8 @@ const char* const kMethodNames[N_METHODS] = {"execute", "_graph_starts", "_loop_
 PyObject* g_str[N_METHODS];
 // attributes read by name: an OpPlan's (kernel_new, kernel_repr), the DeferExecutor's
 // (kernel_setup)
-const char kPlanCache[] = "cache", kPlanCSpec[] = "cspec", kPlanName[] = "name", kDeferLoop[] = "loop";
+const char kPlanCache[] = "cache", kPlanCSpec[] = "cspec", kPlanName[] = "name",
+           kPlanPrecision[] = "precision", kDeferLoop[] = "loop";
 SlotAttr g_entry_fn("Entry", "fn"), g_entry_checks("Entry", "checks"),
     g_ex_nodes("DeferExecutor", "nodes"), g_ex_in_backward("DeferExecutor", "in_backward");
 
@@ -193,6 +195,22 @@ bool count_dispatch(PyObject* counter) {
   const int rc = PyDict_SetItem(g_counters, counter, m);
   Py_DECREF(m);
   return rc == 0;
+}
+
+// The op's cached entry for a scanned key (borrowed), or null (a miss, or an error set).
+// A precision-sensitive op's entries are keyed (key, snapshot of the settings now), as in
+// _program_cache.op_entry. Measured on the small Llama's decode step in DeferAndFuse
+// (22 matmuls a token of 164 ops): the matmuls took Python's execute before, ~35 us each.
+PyObject* cached_entry(KernelObject* k, PyObject* key) {
+  if (k->precision == nullptr) return PyDict_GetItemWithError(k->cache, key);
+  PyObject* prec = PyObject_CallNoArgs(k->precision);
+  if (prec == nullptr) return nullptr;
+  PyObject* lookup = PyTuple_Pack(2, key, prec);
+  Py_DECREF(prec);
+  if (lookup == nullptr) return nullptr;
+  PyObject* entry = PyDict_GetItemWithError(k->cache, lookup);  // borrowed: the dict holds it
+  Py_DECREF(lookup);
+  return entry;
 }
 
 // The recording fast path; returns the op's result, or NOT_HERE for Python's execute.
@@ -223,7 +241,7 @@ PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
     Py_DECREF(scanned);
     return NOT_HERE;
   }
-  PyObject* entry = PyDict_GetItemWithError(k->cache, PyTuple_GET_ITEM(scanned, 0));  // borrowed
+  PyObject* entry = cached_entry(k, PyTuple_GET_ITEM(scanned, 0));  // borrowed
   if (entry == nullptr) {
     Py_DECREF(nodes);
     Py_DECREF(scanned);
@@ -277,8 +295,8 @@ done:
 
 // Strict's fast path: the op's cached entry run at once (results.cpp run_op), or NOT_HERE
 // for Python's execute: a miss, what scan leaves to Python, data-dependent shapes, ops
-// with device-side asserts (eager/asserts.py), precision-sensitive ops (keyed in Python:
-// the bare key misses) and an executable that raised (execute maps its error).
+// with device-side asserts (eager/asserts.py) and an executable that raised (execute maps
+// its error).
 //
 // Measured (a 4-element add, best of 15 rounds of 200 calls, 2 cores at load ~4): 19.4 us
 // per op against 22.4 us through Python's execute, a bare jax.jit call 10.5 us. What is
@@ -293,7 +311,7 @@ PyObject* run_strict(KernelObject* k, PyObject* vals) {
     Py_DECREF(scanned);
     return NOT_HERE;
   }
-  PyObject* entry = PyDict_GetItemWithError(k->cache, PyTuple_GET_ITEM(scanned, 0));  // borrowed
+  PyObject* entry = cached_entry(k, PyTuple_GET_ITEM(scanned, 0));  // borrowed
   if (entry == nullptr) {
     Py_DECREF(scanned);
     return PyErr_Occurred() ? nullptr : NOT_HERE;
@@ -364,6 +382,8 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   if (!PyArg_ParseTuple(args, "O", &plan)) return nullptr;
   PyObject* cache = PyObject_GetAttrString(plan, kPlanCache);
   PyObject* spec = cache == nullptr ? nullptr : PyObject_GetAttrString(plan, kPlanCSpec);
+  PyObject* precision = spec == nullptr ? nullptr : PyObject_GetAttrString(plan, kPlanPrecision);
+  if (precision == nullptr) Py_CLEAR(spec);
   KernelObject* self = nullptr;
   if (spec != nullptr &&
       (!PyDict_CheckExact(cache) || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != CSPEC_SIZE))
@@ -373,12 +393,15 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   if (self == nullptr) {
     Py_XDECREF(cache);
     Py_XDECREF(spec);
+    Py_XDECREF(precision);
     return nullptr;
   }
+  if (precision == Py_None) Py_CLEAR(precision);
   Py_INCREF(plan);
   self->plan = plan;
   self->spec = spec;
   self->cache = cache;
+  self->precision = precision;
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -387,6 +410,7 @@ void kernel_dealloc(PyObject* o) {
   Py_XDECREF(self->plan);
   Py_XDECREF(self->spec);
   Py_XDECREF(self->cache);
+  Py_XDECREF(self->precision);
   PyTypeObject* type = Py_TYPE(o);
   type->tp_free(o);
   Py_DECREF(type);
@@ -499,7 +523,7 @@ void add_kernel_functions(PyObject* module) {
   Py_INCREF(g_kernel_type);
   add_names(module, "methods", "executor", {kMethodNames[S_EXECUTE]});
   add_names(module, "methods", "DeferExecutor", {kMethodNames[S_GRAPH_STARTS], kMethodNames[S_LOOP_FLUSH]});
-  add_names(module, "attributes", "OpPlan", {kPlanCache, kPlanCSpec, kPlanName});
+  add_names(module, "attributes", "OpPlan", {kPlanCache, kPlanCSpec, kPlanName, kPlanPrecision});
   add_names(module, "attributes", "DeferExecutor", {kDeferLoop});
   export_slots(module);  // every file's SlotAttrs (graph.cpp's too)
 }

@@ -109,7 +109,6 @@ class DeferExecutor:
         # scan_fast covers the call, and come here for everything else.
         with self.lock:
             key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
-            # (precision-sensitive ops always come here: _program_cache.op_entry)
             entry = op_entry(plan, key, vals, False)
             _COUNTERS["dispatches.defer_and_fuse"] += 1
             if entry.fn is None:

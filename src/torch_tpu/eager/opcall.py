@@ -25,7 +25,7 @@ from typing import NamedTuple
 import jax
 import torch
 
-from .. import _C, _config, _runtime, _storage, _tree, metrics
+from .. import _C, _config, _precision, _runtime, _storage, _tree, metrics
 from .._rng import default_generator, draw
 from ..lowering.registry import bounds_of
 from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST,
@@ -117,7 +117,7 @@ class OpPlan(OpSchema):
     """The schema's facts (lowering/schema.py), the per-key cache, and the scan and
     compile steps of the eager hot path."""
 
-    __slots__ = ("cache", "host_indices", "cspec")
+    __slots__ = ("cache", "host_indices", "cspec", "precision")
 
     def __init__(self, op, lowering):
         super().__init__(op, lowering)
@@ -126,6 +126,8 @@ class OpPlan(OpSchema):
         self.host_indices = op._schema.name in _HOST_INDEX_OPS
         self.cspec = CSpec(self.kinds, self.mutable, self.seeded or self.factory,
                            self.npos, self.names, self.defaults)
+        # a precision-sensitive op's cache is keyed (key, this snapshot): in C too (kernel.cpp)
+        self.precision = _precision.snapshot if lowering in _precision.SENSITIVE else None
 
     def __repr__(self):
         # keys start with the plan (hashed by identity: OpOverload's hash is Python code),
