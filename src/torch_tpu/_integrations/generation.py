@@ -22,8 +22,8 @@ smallest capacity this model has already used that holds it, so after one long c
 shorter one compiles anything. The prefill is keyed by the prompt's length.
 
 The stop flag (`unfinished.max() == 0`) is read after the next step is queued, as
-transformers' DeferredStopCheck does on mps, so the host never waits on it for the device;
-the queued step of a finished call is dropped.
+transformers' DeferredStopCheck does on mps, so the device has work while the host waits
+for it; the step queued past the stop is dropped, and the cache cropped to the last token.
 
 The user's choice of cache keeps its meaning: the default dynamic cache runs in the eager
 mode (Strict, DeferAndFuse), and `cache_implementation="static"` keeps transformers'
@@ -35,6 +35,7 @@ Everything else goes to transformers' loop unchanged, counted in `metrics.counte
 cache the user passed, synced_gpus, a prompt given as inputs_embeds, output_attentions or
 output_hidden_states, chunked prefill, assisted decoding, model inputs besides the attention
 mask and position ids (pixel values, token types), and cache layers other than full attention.
+Beam search (`num_beams > 1`) has its own loop, which is not wrapped.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ from .._patches import Patch
 WRITTEN_AGAINST = "5.24.0"
 _MODULE = "transformers.generation.utils"
 _GROWN = ("attention_mask", "position_ids")  # the kwargs `_update_model_kwargs_for_generation` grows
-_POOL = "_tpu_generate_caches"                # model attribute: {(batch, capacity): StaticCache}
+_POOL = "_tpu_generate_caches"  # model attribute: {(batch, capacity, dtype, device): StaticCache}
+_POOL_MAX = 4
 _reasons: collections.Counter = collections.Counter()
 # The stop flag of step t is read after step t + _STOP_LAG - 1 is queued. 1, as
 # transformers' DeferredStopCheck: the host reads a flag that the step it has just queued
@@ -117,7 +119,8 @@ def _unsupported(model, input_ids, generation_config, synced_gpus, stopping_crit
 
 def _capacity(model, batch: int, max_length: int) -> int:
     """The smallest capacity this model already holds a cache of that fits, else the bucket."""
-    held = [cap for (b, cap) in getattr(model, _POOL, {}) if b == batch and cap >= max_length]
+    held = [cap for (b, cap, dtype, device) in getattr(model, _POOL, {})
+            if (b, dtype, device) == (batch, model.dtype, model.device) and cap >= max_length]
     return min(held) if held else _buckets.bucket(max_length)
 
 
@@ -128,14 +131,17 @@ def _static_cache(model, batch: int, capacity: int):
     from transformers.cache_utils import StaticCache
 
     pool = model.__dict__.setdefault(_POOL, {})
-    cache = pool.get((batch, capacity))
+    key = (batch, capacity, model.dtype, model.device)
+    cache = pool.get(key)
     # DeferAndFuse: the allocation below happens in the first call only. Flushing on both
     # sides of it keeps it out of the graphs every call shares, so the first call's graphs
     # are the later calls' (else the second call compiles its own first graph).
     torch.tpu.synchronize()
     if cache is None:
+        while len(pool) >= _POOL_MAX:  # the oldest goes: each holds keys at full capacity
+            pool.pop(next(iter(pool)))
         config = model.config.get_text_config(decoder=True)
-        cache = pool[(batch, capacity)] = StaticCache(config=config, max_cache_len=capacity)
+        cache = pool[key] = StaticCache(config=config, max_cache_len=capacity)
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # Allocated now, not inside the first forward, for the same reason.
