@@ -41,9 +41,10 @@ def test_256_tokens_compile_at_most_twice_16_then_shorter_calls_nothing(mode):
 
 
 def test_sampled_generate_draws_as_transformers_loop_and_stays_bounded():
-    """do_sample with top-k/top-p on the tpu generator: the bucketed loop draws exactly the
-    tokens transformers' own loop draws on tpu, and a longer length in the same bucket
-    (8 + 20 and 8 + 24 tokens: capacity 32) compiles nothing."""
+    """do_sample with top-k/top-p on the tpu generator, with a streamer: the bucketed loop
+    draws exactly the tokens transformers' own loop draws on tpu, the streamer gets what it
+    gets there, and a longer length in the same bucket (8 + 20 and 8 + 24 tokens: capacity
+    32) compiles nothing."""
     first, second = _generate("strict", "20,24", "--sample")
     assert second["programs"] == 0, (first, second)
 

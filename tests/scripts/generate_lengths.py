@@ -6,9 +6,10 @@ call compiled (torch.tpu.compile_cache_stats), then a summary line.
   --mode strict | defer_and_fuse | static   (static: cache_implementation="static", which
                                             transformers compiles with torch.compile)
   --lengths 16,256,...   max_new_tokens of each call, in order
-  --sample               do_sample with top-k/top-p/temperature, seeded per call; compared
-                         with transformers' own loop on tpu (TORCH_TPU_BUCKETED_GENERATE=0
-                         for that call), since CPU's generator draws other numbers
+  --sample               do_sample with top-k/top-p/temperature, seeded per call, and a
+                         streamer; compared with transformers' own loop on tpu
+                         (TORCH_TPU_BUCKETED_GENERATE=0 for that call), since CPU's
+                         generator draws other numbers
   --batch-eos            a batch of 2 prompts, one left-padded, with an EOS token that one
                          row reaches early; also returns the scores
 """
@@ -18,6 +19,7 @@ import os
 
 import torch
 import transformers
+from transformers.generation.streamers import BaseStreamer
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 parser = argparse.ArgumentParser()
@@ -63,30 +65,49 @@ def programs():
     return sum(k["xla_compiles"] + k["disk_hits"] for k in kinds.values())
 
 
+class Collect(BaseStreamer):
+    """A streamer that keeps what it is given (the prompt, then one token per step)."""
+
+    def __init__(self):
+        self.tokens = []
+
+    def put(self, value):
+        self.tokens += value.flatten().tolist()
+
+    def end(self):
+        self.tokens.append("end")
+
+
 def generate(m, device, n):
-    """-> (output, programs the generate call compiled); the seeding and uploads before it
-    are the caller's work, synchronized before counting."""
+    """-> (output, programs the generate call compiled, what a streamer got (--sample));
+    the seeding and uploads before the call are the caller's work, synchronized before
+    counting."""
     torch.manual_seed(n)
     ids, attention = prompt.to(device), mask.to(device)
     if device == "tpu":
         torch.tpu.synchronize()
+    streamer = Collect() if args.sample else None
     before = programs()
-    out = m.generate(ids, attention_mask=attention, max_new_tokens=n, pad_token_id=0, **extra)
-    return out, programs() - before
+    out = m.generate(ids, attention_mask=attention, max_new_tokens=n, pad_token_id=0,
+                     streamer=streamer, **extra)
+    return out, programs() - before, streamer and streamer.tokens
 
 
 for n in [int(x) for x in args.lengths.split(",")]:
-    out, compiled = generate(model, "tpu", n)
+    out, compiled, streamed = generate(model, "tpu", n)
     seqs = (out.sequences if args.batch_eos else out).cpu()
     if args.sample:
         os.environ["TORCH_TPU_BUCKETED_GENERATE"] = "0"
-        ref = generate(model, "tpu", n)[0].cpu()
+        ref, _, ref_streamed = generate(model, "tpu", n)
+        ref = ref.cpu()
         del os.environ["TORCH_TPU_BUCKETED_GENERATE"]
     else:
         ref_out = generate(cpu_model, "cpu", n)[0]
         ref = ref_out.sequences if args.batch_eos else ref_out
     row = {"new_tokens": n, "programs": compiled, "shape": list(seqs.shape),
            "equal": torch.equal(seqs, ref)}
+    if args.sample:  # streamed: the prompt, each token, the end; as transformers' loop does
+        row["equal"] &= streamed == ref_streamed == seqs[0].tolist() + ["end"]
     if args.batch_eos:
         got = torch.stack([s.cpu() for s in out.scores])
         want = torch.stack(ref_out.scores)
