@@ -321,6 +321,25 @@ def test_dynamic_shapes_specialize_per_size():
     assert c["compile.dynamo_graphs"] == 1 and c["compile.executables"] == 2
 
 
+def test_mark_dynamic_traces_once_and_padded_batches_compile_per_bucket():
+    """`torch._dynamo.mark_dynamic` is honoured: one dynamo graph for every size, one XLA
+    executable per concrete size; batches padded to their bucket (torch_tpu.pad_to_bucket)
+    bring that down to one per bucket (docs/DYNAMIC_SHAPES.md)."""
+    import torch_tpu
+
+    def f(x):
+        return (x.float() * 2).sum(-1)
+
+    cf = _compiled(f)
+    for n in (20, 30, 17, 40, 33):
+        x = torch.randint(1, 9, (2, n))
+        xt = torch_tpu.pad_to_bucket(x).to("tpu")  # 20, 30, 17 -> 32; 40, 33 -> 64
+        torch._dynamo.mark_dynamic(xt, 1)
+        torch.testing.assert_close(cf(xt).cpu(), f(x))
+    c = _counters()
+    assert c["compile.dynamo_graphs"] == 1 and c["compile.executables"] == 2, c
+
+
 def test_compiled_optimizer_step():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
