@@ -33,6 +33,21 @@ def test_bad_buckets_name_the_problem():
         torch_tpu.set_buckets([0, 8])
 
 
+def test_pad_to_bucket_pads_an_hf_batch_so_the_loss_ignores_the_padding(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("TORCH_TPU_BUCKETS", raising=False)
+    ids = torch.arange(1, 2 * 20 + 1).view(2, 20)
+    batch = torch_tpu.pad_to_bucket({"input_ids": ids, "labels": ids.clone(), "n": 3},
+                                    pad_token_id=7)
+    assert batch["input_ids"].shape == (2, 32) and (batch["input_ids"][:, 20:] == 7).all()
+    assert (batch["labels"][:, 20:] == -100).all() and torch.equal(batch["labels"][:, :20], ids)
+    assert batch["attention_mask"].sum(1).tolist() == [20, 20] and batch["n"] == 3
+    assert torch_tpu.pad_to_bucket(torch.ones(3, 16)).shape == (3, 16)  # already a bucket
+    with pytest.raises(ValueError, match="input_ids"):
+        torch_tpu.pad_to_bucket({"labels": ids})
+
+
 @pytest.mark.parametrize("patch", generation.PATCHES, ids=lambda p: p.target)
 def test_written_against_this_transformers(patch):
     """A new transformers must be read against the wrapped loop before the pin moves: the

@@ -62,6 +62,9 @@ def pad_to_bucket(batch, *, pad_token_id: int = 0, label_pad_id: int = -100, dim
 
     if torch.is_tensor(batch):
         return _pad(batch, dim, 0)
+    if not torch.is_tensor(batch.get("input_ids")):
+        raise ValueError("torch_tpu.pad_to_bucket: a dict batch needs an 'input_ids' tensor "
+                         f"(its length is the one padded); got keys {sorted(batch)}")
     length = batch["input_ids"].shape[dim]
     padded = dict(batch)
     if "attention_mask" not in padded:
