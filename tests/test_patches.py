@@ -1,6 +1,7 @@
 """Every patch of torch internals lives in torch_tpu._patches, written against one torch
 version: these tests fail loudly when torch changes a function a patch wraps, or when a
 patch stops being in place."""
+import inspect
 import subprocess
 import sys
 
@@ -83,3 +84,15 @@ print("ok")
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert "device='tpu:0'" in out.stdout and out.stdout.strip().endswith("ok")
+
+
+def test_a_changed_signature_leaves_the_whole_set_unpatched():
+    """`apply_all` (the libraries' adapters): one wrapped signature that changed, and no
+    patch of the set is applied; the warning names it and what the user loses."""
+    import json
+
+    ok = _patches.Patch("json:dumps", str(inspect.signature(json.dumps)), lambda f: f, "test")
+    stale = _patches.Patch("json:loads", "(s)", lambda f: f, "test")
+    with pytest.warns(RuntimeWarning, match=r"json:loads.*the test is unpatched"):
+        assert not _patches.apply_all([ok, stale], "the test is unpatched")
+    assert not hasattr(json.dumps, "_tpu_patch") and not hasattr(json.loads, "_tpu_patch")

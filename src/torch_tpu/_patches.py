@@ -60,6 +60,20 @@ class Patch:
 
 
 # ---------------------------------------------------------------- printing
+def apply_all(patches, consequence: str) -> bool:
+    """Apply every patch of a library's set, or none when any wrapped signature changed: a
+    warning then names the changes and `consequence` (what the user loses)."""
+    changed = {p.target: p.current_signature() for p in patches
+               if p.current_signature() != p.signature}
+    if changed:
+        warnings.warn(f"torch_tpu: {changed} changed since these patches were written; "
+                      f"{consequence}", RuntimeWarning, stacklevel=3)
+        return False
+    for p in patches:
+        p.apply()
+    return True
+
+
 def _tensor_str(original):
     def _tensor_str(self, indent):
         if self.device.type == "tpu":

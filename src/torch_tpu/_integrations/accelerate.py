@@ -40,11 +40,10 @@ tests/test_integrations.py fails.
 from __future__ import annotations
 
 import inspect
-import warnings
 
 import torch
 
-from .. import _on_import
+from .. import _on_import, _patches
 from .._patches import Patch
 
 WRITTEN_AGAINST = "1.15.0"
@@ -125,16 +124,9 @@ PATCHES = [
 
 
 def _patch() -> None:
-    changed = {p.target: p.current_signature() for p in PATCHES
-               if p.current_signature() != p.signature}
-    if changed:
-        warnings.warn(
-            f"torch_tpu: accelerate changed since {WRITTEN_AGAINST} ({changed}); it is left "
-            "unpatched and may not use the tpu device (ACCELERATE_TORCH_DEVICE=tpu sets it "
-            "for a single process)", RuntimeWarning, stacklevel=2)
-        return
-    for p in PATCHES:
-        p.apply()
+    _patches.apply_all(PATCHES, f"accelerate (written against {WRITTEN_AGAINST}) is left "
+                       "unpatched and may not use the tpu device (ACCELERATE_TORCH_DEVICE=tpu "
+                       "sets it for a single process)")
 
 
 def install() -> None:

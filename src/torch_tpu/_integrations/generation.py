@@ -41,11 +41,10 @@ from __future__ import annotations
 
 import collections
 import functools
-import warnings
 
 import torch
 
-from .. import _buckets, _config, _on_import, metrics
+from .. import _buckets, _config, _on_import, _patches, metrics
 from .._patches import Patch
 
 WRITTEN_AGAINST = "5.24.0"
@@ -307,16 +306,8 @@ PATCHES = [
 
 
 def _patch() -> None:
-    changed = {p.target: p.current_signature() for p in PATCHES
-               if p.current_signature() != p.signature}
-    if changed:
-        warnings.warn(
-            f"torch_tpu: transformers' generation changed since {WRITTEN_AGAINST} ({changed}); "
-            "generate() on tpu is left unpatched and compiles programs per token",
-            RuntimeWarning, stacklevel=2)
-        return
-    for p in PATCHES:
-        p.apply()
+    _patches.apply_all(PATCHES, f"transformers' generation (written against {WRITTEN_AGAINST}) "
+                       "is left unpatched: generate() on tpu compiles programs per token")
 
 
 def install() -> None:
