@@ -49,7 +49,7 @@ def test_sampled_generate_draws_as_transformers_loop_and_stays_bounded():
     assert second["programs"] == 0, (first, second)
 
 
-@pytest.mark.parametrize("mode", ("defer_and_fuse", "static"))
+@pytest.mark.parametrize("mode", ("debug", "defer_and_fuse", "static"))
 def test_padded_batch_with_eos_equals_cpu(mode):
     """A batch of two, one prompt left-padded, an EOS that one row reaches early:
     sequences equal CPU's, the returned scores are CPU's within 1e-4, and a second call in
