@@ -9,6 +9,8 @@ docs/DYNAMIC_SHAPES.md says how to pick them.
 """
 from __future__ import annotations
 
+import torch
+
 from . import _config
 
 MIN_BUCKET = 16
@@ -58,8 +60,6 @@ def pad_to_bucket(batch, *, pad_token_id: int = 0, label_pad_id: int = -100, dim
     0, so a model that honours the mask and a loss that ignores -100 compute what the
     unpadded batch gives. Pad the batch on the host (in the collator, before `.to(device)`):
     padding a tpu tensor is itself an op of the unpadded shape."""
-    import torch
-
     if torch.is_tensor(batch):
         return _pad(batch, dim, 0)
     if not torch.is_tensor(batch.get("input_ids")):
@@ -77,8 +77,6 @@ def pad_to_bucket(batch, *, pad_token_id: int = 0, label_pad_id: int = -100, dim
 
 
 def _pad(t, dim: int, value):
-    import torch
-
     extra = bucket(t.shape[dim]) - t.shape[dim]
     if extra == 0:
         return t
