@@ -165,17 +165,15 @@ def annotate(name: str, **info):
 
 
 # ---------------------------------------------------------------- the op caches
-_SENSITIVE = _precision.SENSITIVE
-_snapshot = _precision.snapshot
 
 
 def op_entry(plan, key, vals, standalone):
     """The entry of one op call: Strict's and DeferAndFuse's lookup in the op's cache
     (`standalone`: Strict runs the entry's own executable; DeferAndFuse fuses its body)."""
     prec = None
-    if plan.lowering in _SENSITIVE:
-        prec = _snapshot()
-        lookup = (key, prec)  # never the bare key: C's lookup misses and comes here
+    if plan.precision is not None:  # a sensitive op (OpPlan.precision: C keys it the same)
+        prec = plan.precision()
+        lookup = (key, prec)
     else:
         lookup = key
     entry = plan.cache.get(lookup)
