@@ -96,6 +96,20 @@ def test_programs_per_warm_step_are_stable(compiled_run):
 
 
 @pytest.mark.slow
+def test_forward_and_backward_compile_ahead(compiled_run):
+    """Both training programs start compiling as AOTAutograd hands them over, in the first
+    forward, and AdamW's as its graph is; each one's first call finds its executable
+    compiled (TORCH_TPU_COMPILE_AHEAD): no program is compiled twice, and nothing more
+    compiles than the three."""
+    first = compiled_run["phases"][0]
+    assert first["forward"]["compile.ahead"] == 2, first
+    c = compiled_run["counters"]
+    assert c["compile.ahead_hits"] == c["compile.ahead"] == 3, dict(c)
+    assert c["compile.executables"] == 3, dict(c)
+    assert c["programs.compiled.xla_compiles"] + c["programs.compiled.disk_hits"] == 3, dict(c)
+
+
+@pytest.mark.slow
 def test_no_eager_op_in_the_compiled_forward_or_optimizer(compiled_run):
     for phase in ("forward", "opt.step"):
         assert _warm(compiled_run, phase, "dispatches.strict") == [0] * (STEPS - WARM + 1), phase
@@ -122,3 +136,20 @@ def test_jax_twin_matches_torch():
     got = [float(runner.step(b, bench_compile.TRAIN)) for b in batches]
     torch.testing.assert_close(torch.tensor(got), torch.tensor(_cpu_losses(base, batches)),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_first_step_target_reads_the_fresh_process_steps_and_states_the_floor():
+    """`bench compile`'s first-step target compares cold steps, each timed in a fresh
+    process (compile.cold_first_steps), and names torch's own tracing as the floor."""
+    from torch_tpu.bench import compile_report
+
+    res = bench_compile.Result(first_s={"tpu compiled": 50.0, "jax.jit": 1.0},
+                               cold={"tpu compiled": 30.0, "CPU aot_eager": 27.0, "jax.jit": 6.0})
+    lines = [x for x in compile_report.targets(bench_compile.GPT, {bench_compile.TRAIN: res})
+             if "first training step" in x]
+    assert len(lines) == 1, lines
+    assert "**5.0x** as long (30.0 s vs 6.0 s; target ≤ 3x: not met)" in lines[0], lines[0]
+    assert "took 27.0 s, 4.5x jax.jit's: the floor" in lines[0], lines[0]
+    res.cold = {}  # --no-cold: no first-step line rather than the shared-process figures
+    assert not [x for x in compile_report.targets(bench_compile.GPT, {bench_compile.TRAIN: res})
+                if "first training step" in x]

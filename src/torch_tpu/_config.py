@@ -167,6 +167,10 @@ _DECLARED = [
             "warn (`RecompileWarning`, once per site) when one op at one line, one fused op "
             "sequence or one compiled graph has recompiled this many times for new shapes, "
             "naming the dimension that varies (read at each compile); 0: never"),
+    Setting("TORCH_TPU_COMPILE_AHEAD", "bool", True, PER_OP,
+            "torch.compile: each graph's XLA compile starts on a worker thread as the graph "
+            "is handed over (the backward's too), so it overlaps torch's tracing and the "
+            "other graphs' compiles (read at each graph); 0 compiles at the first call"),
     Setting("TORCH_TPU_DUMP_DIR", "path", None, PER_OP,
             "write every compiled program's StableHLO into this folder, one `.mlir` file "
             "each, headed by its key, the reason it compiled and its precision (read at "

@@ -67,7 +67,7 @@ class RecompileWarning(UserWarning):
 class Program:
     """One cached program: where it is held, what it cost, why it was compiled."""
 
-    __slots__ = ("calls", "compiled", "disk", "fn", "ident", "key", "kind", "label", "name",
+    __slots__ = ("ahead", "calls", "compiled", "disk", "fn", "ident", "key", "kind", "label", "name",
                  "nbytes", "owner", "pinned", "pins", "precision", "reason", "seconds", "where")
 
     def __init__(self, kind, name, where, owner, key, reason, precision=None):
@@ -84,6 +84,7 @@ class Program:
         self.fn = None         # graph and compiled programs: the jitted function
         self.label = None      # their profiler annotation
         self.ident = None      # its key in the LRU: id() of what its cache holds
+        self.ahead = None      # compiled programs: the future of compile_ahead's work
 
     def summary(self) -> dict:
         return {"kind": self.kind, "name": self.name, "where": self.where,
@@ -323,10 +324,38 @@ def _evict(keep=None):
 
 
 # ---------------------------------------------------------------- the first call
+_AHEAD: list = []  # the worker threads of compile_ahead, made on first use
+os.register_at_fork(after_in_child=_AHEAD.clear)  # a child has none of its parent's threads
+
+
+def compile_ahead(rec, specs) -> None:
+    """Start the XLA compile of a compiled graph's program (`rec`, from admit_compiled) on
+    a worker thread, for arguments like `specs` (jax.ShapeDtypeStructs with the device's
+    sharding, or the arrays themselves). Its first call waits for the work, then finds the
+    executable in jax's caches; a prediction that missed costs a compile and no error: the
+    call compiles its own (counted: compile.ahead, compile.ahead_hits). XLA's compile
+    releases the GIL, so on the small Llama and the GPT the forward and backward programs
+    compile at once, while torch goes on tracing."""
+    if not _AHEAD:
+        import concurrent.futures
+
+        _AHEAD.append(concurrent.futures.ThreadPoolExecutor(2, "torch_tpu-compile"))
+
+    def work():
+        t0 = time.perf_counter()
+        with _cache.watch() as mine:
+            rec.fn.lower(*specs).compile()
+        return mine, time.perf_counter() - t0
+
+    rec.ahead = _AHEAD[0].submit(work)
+    _COUNT["compile.ahead"] += 1
+
+
 def _first_run(rec, fn, args):
     dump = _config.get("TORCH_TPU_DUMP_DIR")
     cpu = _runtime.platform() == "cpu"
     specs = _specs(args) if dump is not None or not cpu else None
+    early, early_s = _await_ahead(rec)
     t0 = time.perf_counter()
     with _cache.watch() as mine:
         if rec.label is not None and (PROFILING[0] or _torch_profiling()):
@@ -334,9 +363,12 @@ def _first_run(rec, fn, args):
                 out = fn(*args)
         else:
             out = fn(*args)
-    rec.seconds = time.perf_counter() - t0
+    rec.seconds = time.perf_counter() - t0 + early_s
     metrics.compile_seconds[0] += rec.seconds  # where XLA compiles: the first call
     rec.compiled = True
+    if early and not mine:
+        _COUNT["compile.ahead_hits"] += 1
+    mine = early + mine
     if mine:
         rec.disk = all(hit for hit, _ in mine)
         _COUNT[f"programs.{rec.kind}.{'disk_hits' if rec.disk else 'xla_compiles'}"] += 1
@@ -349,6 +381,18 @@ def _first_run(rec, fn, args):
     if dump is not None:
         _dump(dump, rec, fn, specs)
     return out
+
+
+def _await_ahead(rec):
+    """compile_ahead's events and seconds, once its work is done (none if it failed: the
+    first call then compiles, and raises what it should)."""
+    ahead, rec.ahead = rec.ahead, None
+    if ahead is None:
+        return [], 0.0
+    try:
+        return ahead.result()
+    except Exception:  # noqa: BLE001  (the call itself reports a lowering error)
+        return [], 0.0
 
 
 def _specs(args):

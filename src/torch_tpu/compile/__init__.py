@@ -26,7 +26,7 @@ import itertools
 import sys
 import warnings
 
-from .. import _patches, metrics
+from .. import _config, _patches, metrics
 from ..lowering import decomp
 from .lower import UnsupportedGraph
 from .program import Program
@@ -48,6 +48,8 @@ def _compiler(kind: str):
             program = Program(gm, example_inputs, name)
         except UnsupportedGraph as e:
             return _eager_graph(gm, str(e))
+        if _config.get("TORCH_TPU_COMPILE_AHEAD"):
+            program.compile_ahead(example_inputs)
         return _boxed(program)
 
     compile_graph.__name__ = f"tpu_{kind}_compiler"
@@ -115,7 +117,14 @@ def backend(gm, example_inputs, **kwargs):
     """The dynamo backend: a dynamo graph in, a callable on real tensors out."""
     setup_dynamo()
     metrics.count("compile.dynamo_graphs")
-    return _aot_backend()(gm, example_inputs, **kwargs)
+    if not _config.get("TORCH_TPU_COMPILE_AHEAD"):
+        return _aot_backend()(gm, example_inputs, **kwargs)
+    from torch._functorch import config
+
+    # AOTAutograd hands over the backward graph now, not at the first backward, so that
+    # its XLA compile can start now (Program.compile_ahead)
+    with config.patch(force_non_lazy_backward_lowering=True):
+        return _aot_backend()(gm, example_inputs, **kwargs)
 
 
 def _has_entry_point() -> bool:

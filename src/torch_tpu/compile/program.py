@@ -23,11 +23,13 @@ import time
 import jax
 import jax.numpy as jnp
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from .. import _C, _precision, _runtime, _storage, metrics
-from .._program_cache import admit_compiled
+from .._program_cache import admit_compiled, compile_ahead
 from .._rng import default_generator, draw
 from ..eager.current import flush_pending
+from ..eager.opcall import device_scalar
 from .lower import GraphLowering
 
 _empty = _C.empty_with_storage  # (shape, strides or None, dtype) -> (tensor, its storage)
@@ -179,6 +181,69 @@ class Program:
             raise RuntimeError("torch_tpu: a compiled graph's tpu input could not be read "
                                "(not a tensor with a device buffer)")
         return scanned
+
+    # ------------------------------------------------------------ compiled ahead
+    def compile_ahead(self, example_inputs) -> bool:
+        """Build the executable for the layout the example (fake) inputs promise and start
+        its XLA compile on a worker thread (_program_cache.compile_ahead); the first call
+        with that layout waits for it. Graphs whose call adds data the fakes cannot say
+        (host values, RNG draws, sizes) compile at their first call, as before. Returns
+        whether a compile started."""
+        if self.has_host or self.n_seeded:
+            return False
+        # a backward's inputs other than the forward's own inputs (primals_*) are the forward
+        # program's results and the tangents: each arrives in a flat buffer of its own
+        fresh = [self.name.startswith("backward") and not ph.name.startswith("primals")
+                 for ph in self.graph.placeholders]
+        key, bufs, offsets = self._promised(example_inputs, fresh)
+        if key is None or key in self.cache:
+            return False
+        exe = self.cache[key] = self._build(key, len(bufs), len(offsets))
+        compile_ahead(exe.fn, [*bufs, *offsets, *self.consts.values()])
+        return True
+
+    def _promised(self, example_inputs, fresh):
+        """What the scan (csrc/scan.cpp program_scan) will make of inputs laid out as these:
+        the key, the buffers' avals and the offsets passed as data; Nones when the
+        example cannot tell. An input marked `fresh` comes as a program result does
+        (Program.__call__): a buffer of its own, dense in the fake's layout, else
+        contiguous."""
+        parts, bufs, offsets, index = [], [], [], {}
+        sharding = jax.sharding.SingleDeviceSharding(_runtime.device())
+        for kind, x, own in zip(self.kinds, example_inputs, fresh):
+            if kind == IN_CPU:
+                parts.append(None)
+                continue
+            if kind != IN_TPU:
+                if kind == IN_INT:
+                    return None, None, None
+                parts.append(x)
+                continue
+            if x.is_conj() or x.is_neg() or not all(
+                    type(n) is int for n in (*x.shape, *x.stride(), x.storage_offset())):
+                return None, None, None
+            shape, stride, offset = tuple(x.shape), tuple(x.stride()), x.storage_offset()
+            jdt = _runtime.jax_dtype(x.dtype)
+            if own:
+                if _storage.dense_order(shape, stride) is None:
+                    stride = tuple(make_contiguous_strides_for(shape))
+                blen, offset, ident = math.prod(shape), 0, ("own", len(parts))
+            else:
+                st = x.untyped_storage()
+                blen, ident = st.nbytes() // x.element_size(), st._cdata
+                if st.nbytes() % x.element_size():
+                    return None, None, None
+            j = index.setdefault(ident, len(index))
+            if j == len(bufs):
+                bufs.append(jax.ShapeDtypeStruct((blen,), jdt, sharding=sharding))
+            elif bufs[j].shape != (blen,) or bufs[j].dtype != jdt:
+                return None, None, None  # one storage seen in two dtypes
+            if _storage.offset_is_data(shape, stride, offset, blen, jdt, x.dtype):
+                offsets.append(device_scalar(offset))
+                offset = _storage.DYNAMIC
+            parts.append((shape, stride, offset, x.dtype, blen, jdt, j))
+        parts.append(_precision.snapshot())
+        return tuple(parts), bufs, offsets
 
     # ------------------------------------------------------------ per input layout
     def _build(self, key, nbufs, noffsets):
