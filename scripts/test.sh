@@ -2,7 +2,8 @@
 # Set up (idempotent), then run the test suite. Arguments go to pytest, e.g.
 # `bash scripts/test.sh -k add -x`, or `bash scripts/test.sh tests/test_cli.py` to run
 # only the paths given. `--fast` (the edit loop, a few minutes) leaves out the tests
-# marked slow or distributed (pyproject.toml); CI runs everything. "No tests collected"
+# marked slow or distributed (pyproject.toml); CI runs everything, on two pytest workers
+# (pytest-xdist; a later `-n 0` of the caller runs it in one process). "No tests collected"
 # (pytest's exit code 5) counts as success; every other failure is the script's exit code.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,8 +19,12 @@ for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then targets=(); fi  # the caller named test paths
     args+=("$arg")
 done
+# The whole suite runs on two workers (tests/conftest.py groups the tests that start
+# process jobs on one of them); named paths run in this process, as the edit loop wants.
+workers=()
+if [ "${targets[*]-}" = "tests" ]; then workers=(-n 2 --dist loadgroup); fi
 rc=0
-"$ROOT/.venv/bin/python" -m pytest -q --durations=30 "${targets[@]}" "${args[@]}" || rc=$?
+"$ROOT/.venv/bin/python" -m pytest -q --durations=30 "${workers[@]}" "${targets[@]}" "${args[@]}" || rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "test.sh: pytest collected no tests" >&2
     rc=0

@@ -197,16 +197,22 @@ NOTES = """### Reading these numbers
   program with 30 inputs and 51 outputs takes 150-210 µs to launch on an idle device),
   so the three programs' ~150 outputs, which the single hand-written program does not
   have, are a fixed part of the gap.
-- **Compile time.** Each contestant's cold first step, timed in a fresh process of its
-  own (same model, same batch, fresh cache): jax.jit 2.1 s; `backend="tpu"` 8.2 s; and
-  torch's own pipeline with no XLA at all, `torch.compile(backend="aot_eager")` on CPU
-  tensors, 6.5 s. So torch's tracing alone (dynamo's bytecode tracing 2.8 s, AOTAutograd
-  2.9 s for the model and `opt.step`: metadata 0.4 s, joint-graph tracing 0.6 s,
-  partitioning and the rest) is already 3x jax.jit's whole first step, whose cold step is
-  one trace and one compile: the 2x target is out of reach of any backend that sits
-  behind dynamo and AOTAutograd. torch_tpu's share is the rest, ~1.7 s: XLA compiles of
-  the three graphs (0.6, 0.6 and 0.4 s) and ~17 small executables for the eager ops
-  around them (~0.3 s). Each graph is built at XLA:CPU's LLVM `-O1`
+- **Compile time (2026-12-02, load 1).** The first-step targets time each contestant in
+  a fresh process of its own with empty caches (`cold_first_steps`). GPT: jax.jit 3.5 s,
+  `backend="tpu"` 10.3 s (3.0x), and torch's own tracing alone, `backend="aot_eager"`
+  on CPU tensors, 7.0 s (2.0x). Small Llama: 2.6 s, 12.1 s (4.6x) and 9.2 s (3.5x). On
+  the Llama, torch's tracing alone (dynamo's bytecode tracing, AOTAutograd for the model
+  and `opt.step`) is over the 3x target, so no backend behind dynamo and AOTAutograd
+  can meet it there. torch_tpu's share is the rest, ~3 s: the XLA compiles of the three
+  graphs and ~20 small executables for the eager ops around them (AdamW's state).
+  Each graph's compile starts on a worker thread as AOTAutograd hands it over, the
+  backward's with the forward's (`TORCH_TPU_COMPILE_AHEAD`, docs/COMPILE.md). On these
+  2 cores that gains nothing measurable (GPT cold step, 3 interleaved runs each: median
+  12.5 s on, 12.6 s off): the two compiles at once took 1.6 s, as long as one after the
+  other (0.87 + 0.70 s). XLA:CPU compiles on threads of its own (the calling thread
+  spends no CPU time in them), and 2 cores leave them no idle core. Where a host has
+  cores to spare, the backward's compile hides behind the forward's.
+  Each graph is built at XLA:CPU's LLVM `-O1`
   (`xla_backend_optimization_level=1`, only on CPU), which ran as fast as the default
   (1.48 vs 1.50 ms for the forward graph) and compiles in about half the time. The
   persistent cache (TORCH_TPU_CACHE_DIR) removes the XLA part in later processes, not
