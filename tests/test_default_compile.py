@@ -77,7 +77,8 @@ def test_mode_and_options_are_named_as_unused_on_tpu():
                for w in caught), \
         [str(w.message) for w in caught]
     torch.testing.assert_close(y.cpu(), _mlp()(x.cpu()), rtol=RTOL, atol=ATOL)
-    assert metrics.as_dict()["counters"]["compile.graphs"] == 1
+    # the forward, and its backward: handed over with it to compile ahead (docs/COMPILE.md)
+    assert metrics.as_dict()["counters"]["compile.graphs"] == 2
 
 
 def test_compiled_optimizer_step_keeps_its_state_on_the_device():

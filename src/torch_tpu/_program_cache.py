@@ -334,8 +334,9 @@ def compile_ahead(rec, specs) -> None:
     sharding, or the arrays themselves). Its first call waits for the work, then finds the
     executable in jax's caches; a prediction that missed costs a compile and no error: the
     call compiles its own (counted: compile.ahead, compile.ahead_hits). XLA's compile
-    releases the GIL, so on the small Llama and the GPT the forward and backward programs
-    compile at once, while torch goes on tracing."""
+    releases the GIL, so a training step's forward and backward programs compile at once,
+    while torch goes on. (On XLA:CPU with 2 cores that gains nothing: XLA's own compile
+    threads already fill both; docs/PERFORMANCE.md, bench compile's notes.)"""
     if not _AHEAD:
         import concurrent.futures
 

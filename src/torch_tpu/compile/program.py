@@ -26,7 +26,7 @@ import torch
 from torch._prims_common import make_contiguous_strides_for
 
 from .. import _C, _precision, _runtime, _storage, metrics
-from .._program_cache import admit_compiled, compile_ahead
+from .._program_cache import admit_compiled, compile_ahead, is_cache_only
 from .._rng import default_generator, draw
 from ..eager.current import flush_pending
 from ..eager.opcall import device_scalar
@@ -187,9 +187,10 @@ class Program:
         """Build the executable for the layout the example (fake) inputs promise and start
         its XLA compile on a worker thread (_program_cache.compile_ahead); the first call
         with that layout waits for it. Graphs whose call adds data the fakes cannot say
-        (host values, RNG draws, sizes) compile at their first call, as before. Returns
+        (host values, RNG draws, sizes) compile at their first call, as before, and so
+        does every graph in cache-only mode, whose refusal belongs to the call. Returns
         whether a compile started."""
-        if self.has_host or self.n_seeded:
+        if self.has_host or self.n_seeded or is_cache_only():
             return False
         # a backward's inputs other than the forward's own inputs (primals_*) are the forward
         # program's results and the tangents: each arrives in a flat buffer of its own
