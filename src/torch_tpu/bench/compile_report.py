@@ -198,13 +198,14 @@ NOTES = """### Reading these numbers
   so the three programs' ~150 outputs, which the single hand-written program does not
   have, are a fixed part of the gap.
 - **Compile time (2026-12-02, load 1).** The first-step targets time each contestant in
-  a fresh process of its own with empty caches (`cold_first_steps`). GPT: jax.jit 3.5 s,
-  `backend="tpu"` 10.3 s (3.0x), and torch's own tracing alone, `backend="aot_eager"`
-  on CPU tensors, 7.0 s (2.0x). Small Llama: 2.6 s, 12.1 s (4.6x) and 9.2 s (3.5x). On
-  the Llama, torch's tracing alone (dynamo's bytecode tracing, AOTAutograd for the model
-  and `opt.step`) is over the 3x target, so no backend behind dynamo and AOTAutograd
-  can meet it there. torch_tpu's share is the rest, ~3 s: the XLA compiles of the three
-  graphs and ~20 small executables for the eager ops around them (AdamW's state).
+  a fresh process of its own with empty caches (`cold_first_steps`), and torch's own
+  tracing alone, `backend="aot_eager"` on CPU tensors (dynamo and AOTAutograd for the
+  model and `opt.step`, then torch's CPU kernels), beside them: on the small Llama it
+  took 3.5x jax.jit's whole first step (6.2 vs 1.8 s; 9.2 vs 2.6 s in another run), so no
+  backend behind dynamo and AOTAutograd can meet the 3x target there; on the GPT 2.5x.
+  torch_tpu's share is the rest, 4-6 s in that run: the jax traces of the three graphs,
+  their XLA compiles (forward 1.2 s, backward 1.4 s, AdamW 0.7 s) and ~20 small
+  executables for the eager ops around them (AdamW's state, the gradient seed).
   Each graph's compile starts on a worker thread as AOTAutograd hands it over, the
   backward's with the forward's (`TORCH_TPU_COMPILE_AHEAD`, docs/COMPILE.md). On these
   2 cores that gains nothing measurable (GPT cold step, 3 interleaved runs each: median
