@@ -104,15 +104,3 @@ def pytest_collection_modifyitems(config, items):
         if missing:
             raise pytest.UsageError(f"tests/conftest.py SUITE_MARKS: {file} has no {sorted(missing)}")
     _sample_the_matrices(items)
-    _one_at_a_time(items)
-
-
-def _one_at_a_time(items) -> None:
-    """scripts/test.sh runs the whole suite on two pytest workers (pytest-xdist, `--dist
-    loadgroup`). The tests that start jobs of several processes (distributed) and the
-    bench commands' tests (CPU eager's two-thread team stalls when another job takes a
-    core) share one group, so that they run one after another on one worker while the
-    other worker runs the in-process tests beside them."""
-    for item in items:
-        if item.get_closest_marker("distributed") or item.path.name.startswith("test_bench_"):
-            item.add_marker(pytest.mark.xdist_group("processes"))
