@@ -384,7 +384,6 @@ def bench(workload, rounds, skip, progress, model: Model = LLAMA) -> Result:
     return res
 
 
-# ---------------------------------------------------------------- report
 # ---------------------------------------------------------------- cold first steps
 COLD = ("tpu compiled", "CPU aot_eager", "jax.jit")
 
