@@ -166,8 +166,6 @@ def annotate(name: str, **info):
 
 
 # ---------------------------------------------------------------- the op caches
-
-
 def op_entry(plan, key, vals, standalone):
     """The entry of one op call: Strict's and DeferAndFuse's lookup in the op's cache
     (`standalone`: Strict runs the entry's own executable; DeferAndFuse fuses its body)."""

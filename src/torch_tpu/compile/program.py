@@ -231,9 +231,9 @@ class Program:
                 blen, offset, ident = math.prod(shape), 0, ("own", len(parts))
             else:
                 st = x.untyped_storage()
-                blen, ident = st.nbytes() // x.element_size(), st._cdata
                 if st.nbytes() % x.element_size():
                     return None, None, None
+                blen, ident = st.nbytes() // x.element_size(), st._cdata
             j = index.setdefault(ident, len(index))
             if j == len(bufs):
                 bufs.append(jax.ShapeDtypeStruct((blen,), jdt, sharding=sharding))
