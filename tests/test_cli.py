@@ -56,6 +56,20 @@ def test_bench_ops_runs_without_writing_docs():
     assert "| op | size |" in r.stdout
     for op in ("add", "mm", "softmax", "add_"):
         assert f"| `{op}` | small |" in r.stdout
+    assert "- Strict floor, small size: add " in r.stdout
+
+
+def test_strict_floor_line_judges_each_op_against_the_target():
+    from torch_tpu.bench.ops import OpResult, _floor_line
+
+    def res(name, tpu, size="small"):
+        return OpResult(name, size, ((4,),), {"tpu": tpu, "jit": 10.0, "cpu": 2.0})
+
+    under = [res("add", 12.5), res("mul", 13.0), res("sum", 11.0), res("relu", 12.9),
+             res("mm", 30.0), res("add", 40.0, "medium")]  # mm and medium sizes: not judged
+    assert _floor_line(under).endswith("target ≤ 3 µs for each: met)")
+    assert "add 2.5, mul 3.0, sum 1.0, relu 2.9 µs" in _floor_line(under)
+    assert _floor_line([*under[:3], res("relu", 13.2)]).endswith("not met)")
 
 
 def test_write_section_replaces_only_its_own_section(tmp_path):

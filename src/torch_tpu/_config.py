@@ -127,7 +127,8 @@ _DECLARED = [
             "line (Debug raises at the call regardless)"),
     Setting("TORCH_TPU_C_FAST_PATH", "bool", True, IMPORT,
             "the eager hot path's C copies of Python mechanisms: the argument scan "
-            "(csrc/scan.cpp) and DeferAndFuse recording with no Python frame (csrc/kernel.cpp); "
+            "(csrc/scan.cpp), DeferAndFuse recording with no Python frame (csrc/kernel.cpp), and "
+            "compiled programs called through PJRT without jax.jit's dispatch (csrc/direct.cpp); "
             "0: every op goes through the Python reference (slower; for tests that compare both)"),
     Setting("TORCH_TPU_DONATE", "bool", True, IMPORT,
             "DeferAndFuse donates to XLA the buffers a flush overwrites and nothing else "

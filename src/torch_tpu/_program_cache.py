@@ -203,13 +203,14 @@ def _op_miss(plan, key, lookup, vals, prec, standalone):
         raw.__name__ = raw.__qualname__ = name  # its XLA module and profiler name
         entry.raw = raw
     if entry.fn is not None:
-        # a new jit of the named body (jit takes its name when it is made), installed
-        # by its first call
+        # a new jit of the named body (jit takes its name when it is made); its first
+        # call compiles it and installs its direct call (_runtime.direct_call)
         jitted = jax.jit(entry.raw)
 
         def first_call(*args):
-            entry.fn = jitted
-            return _first_run(rec, jitted, args)
+            out = _first_run(rec, jitted, args)
+            entry.fn = _runtime.direct_call(jitted, args)
+            return out
 
         entry.fn = first_call
         if standalone:
@@ -379,6 +380,8 @@ def _first_run(rec, fn, args):
             _evict(rec.ident)
     if dump is not None:
         _dump(dump, rec, fn, specs)
+    if rec.kind == COMPILED:  # its key fixes every input's layout, as an op entry's does
+        rec.fn = _runtime.direct_call(fn, args)
     return out
 
 

@@ -32,7 +32,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from . import _C, _config  # noqa: E402
+from . import _C, _config, metrics  # noqa: E402
 
 TORCH_TO_JAX = {
     torch.float32: jnp.dtype(jnp.float32),
@@ -286,3 +286,53 @@ def fence() -> None:
         _FENCE.extend((jax.jit(lambda x: x + 1), jax.device_put(np.zeros((), np.int32), device())))
     fn, x = _FENCE
     fn(x).block_until_ready()
+
+
+# ---------------------------------------------------------------- direct calls
+_DIRECT = _config.get("TORCH_TPU_C_FAST_PATH")
+
+
+def direct_call(jitted, args):
+    """`jitted`, already compiled for `args`, as a _C.DirectCall: its executable called
+    through PJRT without jit's per-call dispatch (csrc/direct.cpp, which says why that is
+    safe for an op entry). `jitted` itself where a direct call would skip something jit
+    does: effects, host callbacks, NaN/Inf checks (jax_debug_nans), argument layouts,
+    arguments other than jax.Arrays, outputs other than a flat list or tuple or a pair of
+    flat lists (a compiled graph's results and new buffers)."""
+    from jax._src import array, dispatch  # (private: jaxlib 0.10.2's own pieces, pinned)
+
+    if not _DIRECT or any(type(a) is not array.ArrayImpl for a in args):
+        return jitted
+
+    try:
+        compiled = jitted.lower(*args).compile()  # (jax's caches: ~0.3 ms)
+        call = compiled._executable.unsafe_call
+        handlers = list(call.out_handler.handlers)
+        split = _out_split(compiled.out_tree, len(handlers))
+        plain = (split is not None
+                 and not (call.ordered_effects or call.has_unordered_effects
+                          or call.has_host_callbacks or dispatch.needs_check_special())
+                 and call.mut is None and call.pgle_profiler is None
+                 and all(x is None for x in call.in_handler.in_layouts))
+        if not plain:
+            return jitted
+        fn = _C.DirectCall(jitted, call.xla_executable, tuple(sorted(call.kept_var_idx)), handlers,
+                           array.ArrayImpl, metrics.counters, "direct.fallbacks", len(args), split)
+    except AttributeError:  # another jax's internals: keep jit's own call
+        return jitted
+    metrics.counters["direct.programs"] += 1
+    return fn
+
+
+def _out_split(tree, n):
+    """How DirectCall gives back `n` outputs of this pytree: -1, as one list (a flat list
+    or tuple: callers index it); k, as a pair of lists split at k; None, not at all."""
+    shape = jax.tree_util.tree_structure
+    if tree in (shape([0] * n), shape((0,) * n)):
+        return -1
+    kids = tree.children()
+    if len(kids) == 2:
+        k = kids[0].num_leaves
+        if tree == shape(([0] * k, [0] * (n - k))):
+            return k
+    return None

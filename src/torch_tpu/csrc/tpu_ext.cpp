@@ -363,6 +363,7 @@ void add_dispatch_functions(PyObject* module);  // dispatch.cpp: register_op_ker
 void add_scan_functions(PyObject* module);   // scan.cpp: the executors' per-op key scan
 void add_graph_functions(PyObject* module);  // graph.cpp: DeferAndFuse's Node, Lazy, record
 void add_kernel_functions(PyObject* module);  // kernel.cpp: OpKernel, LoopDetector
+void add_direct_functions(PyObject* module);  // direct.cpp: DirectCall
 
 }  // namespace torch_tpu
 
@@ -374,6 +375,7 @@ PYBIND11_MODULE(_C, m) {
   torch_tpu::add_scan_functions(m.ptr());
   torch_tpu::add_graph_functions(m.ptr());
   torch_tpu::add_kernel_functions(m.ptr());
+  torch_tpu::add_direct_functions(m.ptr());
   torch_tpu::add_dispatch_functions(m.ptr());
   torch_tpu::add_memory_functions(m.ptr());  // memory.cpp
   m.def("default_generator", []() {
