@@ -295,7 +295,7 @@ _DIRECT = _config.get("TORCH_TPU_C_FAST_PATH")
 def direct_call(jitted, args):
     """`jitted`, already compiled for `args`, as a _C.DirectCall: its executable called
     through PJRT without jit's per-call dispatch (csrc/direct.cpp, which says why that is
-    safe for an op entry). `jitted` itself where a direct call would skip something jit
+    safe for an op entry or a compiled graph). `jitted` itself where a direct call would skip something jit
     does: effects, host callbacks, NaN/Inf checks (jax_debug_nans), argument layouts,
     arguments other than jax.Arrays, outputs other than a flat list or tuple or a pair of
     flat lists (a compiled graph's results and new buffers)."""
@@ -303,7 +303,6 @@ def direct_call(jitted, args):
 
     if not _DIRECT or any(type(a) is not array.ArrayImpl for a in args):
         return jitted
-
     try:
         compiled = jitted.lower(*args).compile()  # (jax's caches: ~0.3 ms)
         call = compiled._executable.unsafe_call

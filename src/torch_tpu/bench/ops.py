@@ -8,8 +8,8 @@ process so that machine noise falls on all of them alike:
   - cpu:   PyTorch's own CPU eager kernel.
 Each sample is a batch of calls that ends waiting for its last result (tpu and jit alike:
 torch.tpu.synchronize would add its sweep over every live buffer, ~70 us with 200 of them,
-to tpu's batch alone); the table reports the median per call. Then a small Llama training step (forward, backward, AdamW), tpu Strict
-vs CPU eager, also interleaved.
+to tpu's batch alone); the table reports the median per call. Then a small Llama training
+step (forward, backward, AdamW), tpu Strict vs CPU eager, also interleaved.
 """
 from __future__ import annotations
 
