@@ -81,7 +81,9 @@ class Program:
         self.pins = ()         # the op programs a fused graph names by id
         self.pinned = 0        # how many cached graphs pin this op program
         self.compiled = False
-        self.fn = None         # graph and compiled programs: the jitted function
+        self.fn = None         # graph and compiled programs: the jitted function (op
+        #                        programs and compiled ones after their first call: its
+        #                        direct call, _runtime.direct_call)
         self.label = None      # their profiler annotation
         self.ident = None      # its key in the LRU: id() of what its cache holds
         self.ahead = None      # compiled programs: the future of compile_ahead's work
@@ -209,7 +211,7 @@ def _op_miss(plan, key, lookup, vals, prec, standalone):
 
         def first_call(*args):
             out = _first_run(rec, jitted, args)
-            entry.fn = _runtime.direct_call(jitted, args)
+            entry.fn = rec.fn  # its direct call (_first_run)
             return out
 
         entry.fn = first_call
@@ -372,6 +374,9 @@ def _first_run(rec, fn, args):
     if mine:
         rec.disk = all(hit for hit, _ in mine)
         _COUNT[f"programs.{rec.kind}.{'disk_hits' if rec.disk else 'xla_compiles'}"] += 1
+    if rec.kind != GRAPH:  # its key fixes every input's layout (csrc/direct.cpp); built
+        # before the eviction below, which then also bounds what jax's lowering kept
+        rec.fn = _runtime.direct_call(fn, args, PROFILING)
     nbytes = CPU_PROGRAM_BYTES if cpu else _code_bytes(fn, specs)
     with _lock:
         if _LRU.get(rec.ident) is rec:  # (not evicted meanwhile)
@@ -380,8 +385,6 @@ def _first_run(rec, fn, args):
             _evict(rec.ident)
     if dump is not None:
         _dump(dump, rec, fn, specs)
-    if rec.kind == COMPILED:  # its key fixes every input's layout, as an op entry's does
-        rec.fn = _runtime.direct_call(fn, args)
     return out
 
 

@@ -44,6 +44,8 @@ struct DirectObject {
   PyObject* fallback;    // its key counting fallbacks
   Py_ssize_t nargs;      // the argument count of the call it was built from
   Py_ssize_t split;      // -1: the outputs as one list; k: a pair of lists, split at k
+  PyObject* profiling;   // _program_cache.PROFILING, or null: while [0] is true, jit's call
+                         // (a device trace names each program by its jit)
   vectorcallfunc vectorcall;
 };
 
@@ -66,6 +68,8 @@ PyObject* call_jitted(DirectObject* self, PyObject* const* args, size_t nargsf, 
 PyObject* direct_vectorcall(PyObject* o, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* self = reinterpret_cast<DirectObject*>(o);
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (self->profiling != nullptr && PyList_GET_ITEM(self->profiling, 0) != Py_False)
+    return PyObject_Vectorcall(self->jitted, args, nargsf, kwnames);
   if (kwnames != nullptr || nargs != self->nargs) return call_jitted(self, args, nargsf, kwnames);
   const Py_ssize_t nkept = PyTuple_GET_SIZE(self->kept);
   PyObject* bufs = PyList_New(nkept);
@@ -105,14 +109,19 @@ PyObject* direct_vectorcall(PyObject* o, PyObject* const* args, size_t nargsf, P
 
 PyObject* direct_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   PyObject *jitted, *executable, *kept, *handlers, *array_type, *counters, *fallback;
+  PyObject* profiling = nullptr;
   Py_ssize_t nargs, split = -1;
   static const char* kw[] = {"jitted", "executable", "kept", "handlers", "array_type",
-                             "counters", "fallback", "nargs", "split", nullptr};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!O!O!Un|n", const_cast<char**>(kw), &jitted,
+                             "counters", "fallback", "nargs", "split", "profiling", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O!O!O!Un|nO!", const_cast<char**>(kw), &jitted,
                                    &executable, &PyTuple_Type, &kept, &PyList_Type, &handlers,
                                    &PyType_Type, &array_type, &PyDict_Type, &counters, &fallback,
-                                   &nargs, &split))
+                                   &nargs, &split, &PyList_Type, &profiling))
     return nullptr;
+  if (profiling != nullptr && PyList_GET_SIZE(profiling) < 1) {
+    PyErr_SetString(PyExc_ValueError, "DirectCall: profiling must be a one-item list");
+    return nullptr;
+  }
   for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(kept); ++j) {
     const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(kept, j));
     if (i < 0 || i >= nargs) {
@@ -133,6 +142,8 @@ PyObject* direct_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->fallback = fallback;
   self->nargs = nargs;
   self->split = split;
+  Py_XINCREF(profiling);
+  self->profiling = profiling;
   self->vectorcall = direct_vectorcall;
   return reinterpret_cast<PyObject*>(self);
 }
@@ -146,6 +157,7 @@ void direct_dealloc(PyObject* o) {
   Py_XDECREF(self->array_type);
   Py_XDECREF(self->counters);
   Py_XDECREF(self->fallback);
+  Py_XDECREF(self->profiling);
   PyTypeObject* type = Py_TYPE(o);
   type->tp_free(o);
   Py_DECREF(type);
@@ -162,7 +174,7 @@ PyType_Slot direct_slots[] = {
     {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
     {Py_tp_members, direct_members},
     {Py_tp_doc, const_cast<char*>("DirectCall(jitted, executable, kept, handlers, array_type, counters, "
-                                  "fallback, nargs, split=-1): a compiled program called through PJRT")},
+                                  "fallback, nargs, split=-1, profiling=None): a compiled program called through PJRT")},
     {0, nullptr}};
 
 PyType_Spec direct_spec = {"torch_tpu._C.DirectCall", sizeof(DirectObject), 0,
