@@ -295,11 +295,11 @@ _DIRECT = _config.get("TORCH_TPU_C_FAST_PATH")
 def direct_call(jitted, args, profiling=None):
     """`jitted`, already compiled for `args`, as a _C.DirectCall: its executable called
     through PJRT without jit's per-call dispatch (csrc/direct.cpp, which says why that is
-    safe for an op entry or a compiled graph). `jitted` itself where a direct call would skip something jit
-    does: effects, host callbacks, NaN/Inf checks (jax_debug_nans), argument layouts,
-    arguments other than jax.Arrays, outputs other than a flat list or tuple or a pair of
-    flat lists (a compiled graph's results and new buffers). While `profiling[0]` is true
-    the direct call defers to jit, whose calls a device trace names."""
+    safe for an op entry or a compiled graph). `jitted` itself where a direct call would
+    skip something jit does: effects, host callbacks, NaN/Inf checks (jax_debug_nans),
+    argument layouts, arguments other than jax.Arrays, outputs other than a flat list or
+    tuple or a pair of flat lists (a compiled graph's results and new buffers). While
+    `profiling[0]` is true the direct call defers to jit, whose calls a device trace names."""
     from jax._src import array, dispatch  # (private: jaxlib 0.10.2's own pieces, pinned)
 
     if not _DIRECT or any(type(a) is not array.ArrayImpl for a in args):
