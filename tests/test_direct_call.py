@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import torch_tpu  # noqa: F401
-from torch_tpu import _C, _dispatch, metrics
+from torch_tpu import _C, _dispatch, _program_cache, metrics
 from torch_tpu.eager import asserts
 
 CASES = {
@@ -35,13 +35,13 @@ def _entry_args(op, make):
     """Run the op twice on tpu (the first call installs the direct call); -> its cached
     entry, and the program's arguments as Strict passes them."""
     plan = _dispatch.plan_for(op)
-    plan.cache.clear()
     torch.manual_seed(0)
     for _ in range(2):
         args = make("tpu")
         op(*args)
-    (entry,) = plan.cache.values()
     key, bufs, dyns = _C.scan(plan, list(_normalized(plan, args)))
+    # (looked up, not plan.cache cleared first: the program cache's LRU holds its entries)
+    entry = _program_cache.op_entry(plan, key, None, True)
     # an op with index arguments also takes the device-side asserts' chain value, last
     chain = list(asserts.unlinked()) if entry.checks is not None else []
     return entry, [*bufs, *dyns, *chain], args
