@@ -207,8 +207,11 @@ def _values_differ(a, b, close):
             return f"{_short(b)}, expected {_short(a)}"
         return next((w for k in a if (w := _values_differ(a[k], b[k], close))), None)
     if isinstance(a, float) and isinstance(b, float):
+        if close:  # a float32 tensor's .item(): the tolerances of its tensors
+            from torch_tpu._tolerances import BY_DTYPE
+            rtol, atol = BY_DTYPE[torch.float32]
         same = (math.isnan(a) and math.isnan(b)) or (
-            math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-7) if close else a == b)
+            math.isclose(a, b, rel_tol=rtol, abs_tol=atol) if close else a == b)
         return None if same else f"{b!r}, expected {a!r}"
     return None if (type(a) is type(b) and a == b) else f"{_short(b)}, expected {_short(a)}"
 
