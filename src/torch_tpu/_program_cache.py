@@ -298,6 +298,11 @@ def _admit(rec, ident):
     _at_exit()
 
 
+def is_held(rec) -> bool:
+    """Whether a program is still cached (not evicted: a caller holding it must not run it)."""
+    return _LRU.get(rec.ident) is rec
+
+
 def _evict(keep=None):
     """Drop least recently used programs until both bounds hold (never `keep`, the one
     just admitted, nor an op program a cached graph pins)."""

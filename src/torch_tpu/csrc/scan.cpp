@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <cstring>
 #include <vector>
 
 #include "contracts.h"
@@ -464,95 +465,132 @@ PyObject* setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 }  // namespace
 
-// program_scan(kinds, args) -> (parts, bufs, storages, offsets), or None: what
+// program_scan(kinds, args, memo) -> (parts, bufs, storages, offsets, same), or None: what
 // Program.__call__ (compile/program.py) makes of a compiled graph's arguments. kinds: 0 a
 // tpu tensor (part: its view spec, with a DYNAMIC offset whose device scalar is appended
 // to offsets as the eager scan does, and the index of its storage's buffer in bufs, one
-// per distinct storage),
-// 1 a CPU tensor (None), 2 an int, 3 anything else (itself). None when a tpu input's storage
-// has no buffer yet: the Python makes one.
+// per distinct storage), 1 a CPU tensor (None), 2 an int, 3 anything else (itself). None
+// when a tpu input's storage has no buffer yet: the Python makes one.
+// memo ([signature, parts], or None): the last call's layout. A call laid out the same (each
+// view's sizes, strides, static offset and dtype, each buffer's length and dtype, which
+// inputs share a storage, each int, each other object by identity: the memo's parts hold
+// them, so none can be freed and its address reused) gets the memo's parts and same=True,
+// no part built; the caller reuses the last executable without building or hashing a key.
 namespace {
 enum InKind { IN_TPU, IN_CPU, IN_INT, IN_OTHER };
 }  // namespace
 
 PyObject* program_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
-      PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "program_scan(kinds: list, args: list of the same length)");
+  PyObject* memo = nargs == 3 ? args[2] : Py_None;
+  if (nargs < 2 || nargs > 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+      PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1]) ||
+      (memo != Py_None && (!PyList_Check(memo) || PyList_GET_SIZE(memo) != 2))) {
+    PyErr_SetString(PyExc_TypeError, "program_scan(kinds: list, args: list of the same length[, memo: [signature, parts]])");
     return nullptr;
   }
   const Py_ssize_t n = PyList_GET_SIZE(args[1]);
-  PyObject* parts = PyList_New(n);
-  PyObject* bufs = PyList_New(0);
-  PyObject* storages = PyList_New(0);
-  Scan offsets{nullptr, PyList_New(0), nullptr};  // number() puts device scalars in .dyns
-  std::unordered_map<PyObject*, Py_ssize_t> seen;  // storage object -> its index in bufs
-  bool ok = parts != nullptr && bufs != nullptr && storages != nullptr && offsets.dyns != nullptr;
-  bool bail = false;
-  for (Py_ssize_t i = 0; ok && i < n; ++i) {
-    PyObject* a = PyList_GET_ITEM(args[1], i);
-    PyObject* part = nullptr;
-    switch (PyLong_AsLong(PyList_GET_ITEM(args[0], i))) {
-      case IN_TPU: {
-        if (!THPVariable_Check(a)) {
-          bail = true;
+  std::vector<int64_t> sig;
+  // the first pass builds no part while the memo may match; a second one does
+  for (bool build = memo == Py_None; ; build = true, sig.clear()) {
+    PyObject* parts = build ? PyList_New(n) : nullptr;
+    PyObject* bufs = PyList_New(0);
+    PyObject* storages = PyList_New(0);
+    Scan offsets{nullptr, PyList_New(0), nullptr};  // number() puts device scalars in .dyns
+    std::unordered_map<PyObject*, Py_ssize_t> seen;  // storage object -> its index in bufs
+    bool ok = (parts != nullptr || !build) && bufs != nullptr && storages != nullptr && offsets.dyns != nullptr;
+    bool bail = false, fresh = false;  // fresh: an int past int64, no memo
+    for (Py_ssize_t i = 0; ok && !bail && i < n; ++i) {
+      PyObject* a = PyList_GET_ITEM(args[1], i);
+      PyObject* part = nullptr;
+      const long kind = PyLong_AsLong(PyList_GET_ITEM(args[0], i));
+      sig.push_back(kind);
+      switch (kind) {
+        case IN_TPU: {
+          if (!THPVariable_Check(a)) {
+            bail = true;
+            break;
+          }
+          const at::Tensor& t = THPVariable_Unpack(a);
+          PyObject* st;
+          PyObject* rec = storage_record(t, &st);
+          if (rec == nullptr || rec == BAIL) {
+            bail = rec == BAIL;
+            break;
+          }
+          auto it = seen.find(st);
+          Py_ssize_t j;
+          if (it == seen.end()) {
+            j = PyList_GET_SIZE(bufs);
+            seen.emplace(st, j);
+            ok = PyList_Append(bufs, PyTuple_GET_ITEM(rec, 0)) == 0 && PyList_Append(storages, st) == 0;
+          } else {
+            j = it->second;
+          }
+          const int dynamic = ok ? offset_is_data(t, rec) : -1;
+          if (dynamic == 1) {
+            PyObject* off = PyLong_FromLongLong(t.storage_offset());
+            PyObject* type = off == nullptr ? nullptr : offsets.number(off);
+            Py_XDECREF(off);
+            Py_XDECREF(type);
+            ok = type != nullptr;
+          }
+          sig.insert(sig.end(), {t.dim(), dynamic == 1 ? -1 : t.storage_offset(), static_cast<int64_t>(t.scalar_type()), j,
+                                 PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 1)),
+                                 reinterpret_cast<int64_t>(PyTuple_GET_ITEM(rec, 2))});
+          sig.insert(sig.end(), t.sizes().begin(), t.sizes().end());
+          sig.insert(sig.end(), t.strides().begin(), t.strides().end());
+          PyObject* idx = ok && dynamic >= 0 && build ? PyLong_FromSsize_t(j) : nullptr;
+          part = idx == nullptr ? nullptr : view_part(t, rec, idx, dynamic == 1);
+          ok = ok && dynamic >= 0;
+          Py_XDECREF(idx);
+          Py_DECREF(rec);
+          Py_DECREF(st);  // `storages` holds it (so its address stays unique in `seen`)
           break;
         }
-        const at::Tensor& t = THPVariable_Unpack(a);
-        PyObject* st;
-        PyObject* rec = storage_record(t, &st);
-        if (rec == nullptr || rec == BAIL) {
-          bail = rec == BAIL;
+        case IN_CPU:
+          Py_INCREF(Py_None);
+          part = Py_None;
+          break;
+        case IN_INT: {
+          int overflow = 0;
+          sig.push_back(PyLong_AsLongLongAndOverflow(a, &overflow));
+          fresh = fresh || overflow || PyErr_Occurred();
+          PyErr_Clear();
+          part = PyNumber_Long(a);
           break;
         }
-        auto it = seen.find(st);
-        Py_ssize_t j;
-        if (it == seen.end()) {
-          j = PyList_GET_SIZE(bufs);
-          seen.emplace(st, j);
-          ok = PyList_Append(bufs, PyTuple_GET_ITEM(rec, 0)) == 0 && PyList_Append(storages, st) == 0;
-        } else {
-          j = it->second;
-        }
-        const int dynamic = ok ? offset_is_data(t, rec) : -1;
-        if (dynamic == 1) {
-          PyObject* off = PyLong_FromLongLong(t.storage_offset());
-          PyObject* type = off == nullptr ? nullptr : offsets.number(off);
-          Py_XDECREF(off);
-          Py_XDECREF(type);
-          ok = type != nullptr;
-        }
-        PyObject* idx = ok && dynamic >= 0 ? PyLong_FromSsize_t(j) : nullptr;
-        part = idx == nullptr ? nullptr : view_part(t, rec, idx, dynamic == 1);
-        Py_XDECREF(idx);
-        Py_DECREF(rec);
-        Py_DECREF(st);  // `storages` holds it (so its address stays unique in `seen`)
-        break;
+        default:
+          sig.push_back(reinterpret_cast<int64_t>(a));
+          Py_INCREF(a);
+          part = a;
       }
-      case IN_CPU:
-        Py_INCREF(Py_None);
-        part = Py_None;
-        break;
-      case IN_INT:
-        part = PyNumber_Long(a);
-        break;
-      default:
-        Py_INCREF(a);
-        part = a;
+      if (part == nullptr && build) ok = false;
+      else if (build) PyList_SET_ITEM(parts, i, part);
+      else Py_XDECREF(part);
     }
-    if (part == nullptr) {
-      ok = false;
-      break;
+    PyObject* result = nullptr;
+    if (ok && !bail && !build) {  // the first pass: does the memo match?
+      PyObject* last = PyList_GET_ITEM(memo, 0);
+      const auto bytes = static_cast<Py_ssize_t>(sig.size() * sizeof(int64_t));
+      if (!fresh && PyBytes_Check(last) && PyBytes_GET_SIZE(last) == bytes && memcmp(PyBytes_AS_STRING(last), sig.data(), bytes) == 0)
+        result = Py_BuildValue("(OOOOO)", PyList_GET_ITEM(memo, 1), bufs, storages, offsets.dyns, Py_True);
+      else if (!PyErr_Occurred()) ok = false;  // a new layout: the second pass
+    } else if (ok && !bail) {
+      result = Py_BuildValue("(OOOOO)", parts, bufs, storages, offsets.dyns, Py_False);
+      PyObject* s = memo == Py_None ? nullptr
+          : PyBytes_FromStringAndSize(reinterpret_cast<const char*>(sig.data()), sig.size() * sizeof(int64_t));
+      if (s != nullptr) {
+        PyList_SetItem(memo, 0, s);  // (steals s)
+        PyList_SetItem(memo, 1, (Py_INCREF(parts), parts));
+      }
     }
-    PyList_SET_ITEM(parts, i, part);
+    Py_XDECREF(parts);
+    Py_XDECREF(bufs);
+    Py_XDECREF(storages);
+    Py_XDECREF(offsets.dyns);
+    if (bail && !PyErr_Occurred()) Py_RETURN_NONE;
+    if (result != nullptr || build || PyErr_Occurred()) return result;
   }
-  PyObject* result = ok && !bail ? PyTuple_Pack(4, parts, bufs, storages, offsets.dyns) : nullptr;
-  Py_XDECREF(parts);
-  Py_XDECREF(bufs);
-  Py_XDECREF(storages);
-  Py_XDECREF(offsets.dyns);
-  if (bail && !PyErr_Occurred()) Py_RETURN_NONE;
-  return result;
 }
 
 PyObject* user_line(PyObject*, PyObject*);         // frames.cpp
@@ -569,7 +607,7 @@ PyMethodDef g_methods[] = {
     {"scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(scan)), METH_FASTCALL,
      "scan(plan, vals) -> (key, bufs, dyns), or None where OpPlan.scan's Python must do it"},
     {"program_scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(program_scan)), METH_FASTCALL,
-     "program_scan(kinds, args) -> (parts, bufs, storages, offsets) of a compiled graph's call, or None"},
+     "program_scan(kinds, args[, memo]) -> (parts, bufs, storages, offsets, same) of a compiled graph's call, or None"},
     {"user_line", user_line, METH_NOARGS,
      "user_line() -> (file, line) of the innermost caller whose code is not internal"},
     {"frames_setup", frames_setup, METH_O,
