@@ -197,6 +197,18 @@ NOTES = """### Reading these numbers
   program with 30 inputs and 51 outputs takes 150-210 µs to launch on an idle device),
   so the three programs' ~150 outputs, which the single hand-written program does not
   have, are a fixed part of the gap.
+- **The program call (2026-12-02, evening).** Programs run through `_C.DirectCall`
+  (jit's signature check skipped); a call laid out as the last one reuses its executable
+  (program_scan's memo: no key built or hashed) and its outputs become tensors in C. In
+  one process, rounds alternating with and without the last two (30 rounds of 8 steps):
+  small Llama training 1.03-1.07x faster, inference 1.03x, the GPT within noise (0.98x;
+  its 28 ms step is compute). Inside a step the host costs more than timed alone: XLA's
+  threads run the previous program on the same 2 cores, so the scan that takes 30 µs
+  alone took ~90 µs in a step. The Llama step's host time: ~2.9 ms in the three program
+  calls (1.4 ms of it jax's execute and result wrapping, ~3-4 µs per output), ~3 ms in
+  torch's (guards, AOTAutograd's wrappers, the autograd engine, the optimizer's Python).
+  This machine ran jax.jit's step at 7.3 ms that evening against 4.4 ms that morning, at
+  the same load: compare ratios within one run only.
 - **Compile time (2026-12-02, load 1).** The first-step targets time each contestant in
   a fresh process of its own with empty caches (`cold_first_steps`), and torch's own
   tracing alone, `backend="aot_eager"` on CPU tensors (dynamo and AOTAutograd for the
