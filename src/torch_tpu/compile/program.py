@@ -92,8 +92,9 @@ class Program:
         self.out_template = self._out_template()
         self.cache: dict = {}
         # the last call's layout (program_scan's memo) and (precision, executable): a call
-        # laid out the same skips building and hashing its key (the small Llama's training
-        # step: ~0.4 ms of 6.5). TORCH_TPU_C_FAST_PATH=0: always the key, the reference.
+        # laid out the same skips building and hashing its key (with program_results: the
+        # small Llama's training step 1.03-1.07x faster, docs/PERFORMANCE.md).
+        # TORCH_TPU_C_FAST_PATH=0: always the key, the reference.
         self.memo = [None, None] if C_FAST_PATH else None
         self.last = None
         metrics.count("compile.graphs")
