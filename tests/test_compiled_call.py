@@ -1,9 +1,10 @@
 """A compiled graph's call fast paths (compile/program.py Program.__call__) against their
 Python reference, TORCH_TPU_C_FAST_PATH=0: program_scan's memo of the last layout (a call
 laid out the same reuses the last executable, key neither built nor hashed) and
-program_results (the output tensors made in C). The same user script runs both ways and
-on CPU: same numbers, same output layouts, the input returned as itself; a sliding view
-(its offset passed as data) and a change of shape both keep their right answers."""
+program_results (the output tensors made in C). The same user script runs both ways, in
+DeferAndFuse too, and on CPU: same numbers, same output layouts, the input returned as
+itself; a sliding view (its offset passed as data) and a change of shape both keep their
+right answers."""
 from __future__ import annotations
 
 import json
@@ -55,29 +56,31 @@ print(json.dumps({"losses": losses, "seen": seen, "counts": counts}))
 """
 
 
-def _run(dev, fast="1"):
-    env = dict(os.environ, TORCH_TPU_C_FAST_PATH=fast, TORCH_TPU_RECOMPILE_WARN="0")
+def _run(dev, fast="1", **env_extra):
+    env = dict(os.environ, TORCH_TPU_C_FAST_PATH=fast, TORCH_TPU_RECOMPILE_WARN="0", **env_extra)
     out = subprocess.run([sys.executable, "-c", _SCRIPT, dev], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # three fresh processes, each compiling
+@pytest.mark.slow  # four fresh processes, each compiling
 def test_fast_paths_match_their_python_reference_and_cpu():
     fast, ref, cpu = _run("tpu", "1"), _run("tpu", "0"), _run("cpu")
+    defer = _run("tpu", "1", TORCH_TPU_DEFER_AND_FUSE="1")  # the eager ops around, deferred
     assert fast["losses"] == ref["losses"]
     assert fast["seen"] == ref["seen"]
-    for a, b in zip(fast["losses"], cpu["losses"]):
-        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (fast["losses"], cpu["losses"])
-    for mine, theirs in zip(fast["seen"], cpu["seen"]):
-        assert mine["same"] and mine["layouts"] == theirs["layouts"]
-        for v, w in zip(mine["vals"], theirs["vals"]):
-            torch.testing.assert_close(torch.tensor(v, dtype=torch.float64),
-                                       torch.tensor(w, dtype=torch.float64), rtol=1e-5, atol=1e-5)
-    # the memo served every call after each graph's first, and no extra executable was built:
-    # forward, backward and AdamW from the second step on (3 x 4), the window after its
-    # first call (4, the offset passed as data); a new shape misses it
-    assert fast["counts"]["compile.same_layout"] == 3 * 4 + 4, fast["counts"]
-    assert fast["counts"]["compile.executables"] == ref["counts"]["compile.executables"]
+    for run in (fast, defer):
+        for a, b in zip(run["losses"], cpu["losses"]):
+            assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (run["losses"], cpu["losses"])
+        for mine, theirs in zip(run["seen"], cpu["seen"]):
+            assert mine["same"] and mine["layouts"] == theirs["layouts"]
+            for v, w in zip(mine["vals"], theirs["vals"]):
+                torch.testing.assert_close(torch.tensor(v, dtype=torch.float64),
+                                           torch.tensor(w, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+        # the memo served every call after each graph's first, and no extra executable was
+        # built: forward, backward and AdamW from the second step on (3 x 4), the window
+        # after its first call (4, the offset passed as data); a new shape misses it
+        assert run["counts"]["compile.same_layout"] == 3 * 4 + 4, run["counts"]
+        assert run["counts"]["compile.executables"] == ref["counts"]["compile.executables"]
     assert ref["counts"]["compile.same_layout"] == 0

@@ -72,7 +72,8 @@ class Executable:
         self.fn = fn
         self.outs = outs                  # [_OutSpec], filled in by the first trace
         self.mut_storages = mut_storages  # buffer indices the program returns new buffers for
-        self.results = None               # after the first call: the outs as _results' specs
+        self.results = None               # after the first call: the outs as _results' specs,
+        #                                   or False (a CPU or host output: the loop below)
 
 
 class Program:
@@ -169,7 +170,7 @@ class Program:
         _C.replace_buffers(storages, exe.mut_storages, new_bufs)  # the storages it wrote
         for i, buf in zip(self.cpu_mutated, new_bufs[len(exe.mut_storages):]):
             args[i].copy_(_runtime.to_host(buf, args[i].dtype).reshape(args[i].shape))
-        if exe.results is not None:
+        if exe.results:
             outs = _results(exe.results, flat_outs, args)
             args.clear()
             return outs
@@ -191,9 +192,10 @@ class Program:
             else:
                 outs.append(spec.value)
         args.clear()  # the boxed convention: let inputs die as early as possible
-        if C_FAST_PATH and all(s.kind in (OUT_TPU, OUT_INPUT, OUT_STATIC) for s in exe.outs):
-            exe.results = tuple((s.kind, s.shape, s.stride, s.dtype, s.n, s.jdt) if s.kind == OUT_TPU
-                                else (s.kind, s.value) for s in exe.outs)
+        if exe.results is None and C_FAST_PATH:  # decided once, after the trace filled the specs
+            exe.results = all(s.kind in (OUT_TPU, OUT_INPUT, OUT_STATIC) for s in exe.outs) and tuple(
+                (s.kind, s.shape, s.stride, s.dtype, s.n, s.jdt) if s.kind == OUT_TPU
+                else (s.kind, s.value) for s in exe.outs)
         return outs
 
     def _scan(self, args):
