@@ -283,7 +283,10 @@ def contestants(base, spec, workload, skip, model: Model = LLAMA):
     def tpu(**kw):
         return lambda: TorchRunner(base, spec, "tpu", workload, model=model, **kw)
 
-    out = {"tpu compiled": tpu(compile_backend="tpu"), "tpu Strict": tpu(mode="strict")}
+    out = {"tpu compiled": tpu(compile_backend="tpu"),
+           # the graphs join DeferAndFuse's pending graph: one program per training step
+           "tpu compiled+defer": tpu(compile_backend="tpu", mode="defer_and_fuse"),
+           "tpu Strict": tpu(mode="strict")}
     if "DEFER_AND_FUSE" in torch_tpu.EagerMode.__members__:
         out["tpu DeferAndFuse"] = tpu(mode="defer_and_fuse")
     out["CPU eager"] = lambda: TorchRunner(base, spec, "cpu", workload, model=model)

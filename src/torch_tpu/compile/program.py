@@ -28,7 +28,7 @@ from torch._prims_common import make_contiguous_strides_for
 from .. import _C, _precision, _runtime, _storage, metrics
 from .._program_cache import admit_compiled, compile_ahead, is_cache_only, is_held
 from .._rng import default_generator, draw
-from ..eager.current import flush_pending
+from ..eager.current import executor, flush_pending
 from ..eager.opcall import C_FAST_PATH, device_scalar
 from .lower import GraphLowering
 
@@ -66,10 +66,12 @@ class _OutSpec:
 class Executable:
     """One input layout's jitted program and how its results become tensors."""
 
-    __slots__ = ("fn", "outs", "mut_storages", "results")
+    __slots__ = ("fn", "outs", "mut_storages", "results", "raw", "node_entry")
 
-    def __init__(self, fn, outs, mut_storages):
+    def __init__(self, fn, outs, mut_storages, raw=None):
         self.fn = fn
+        self.raw = raw                    # the traceable body that fn jits
+        self.node_entry = None            # DeferAndFuse: its pending nodes' entry (_GraphEntry)
         self.outs = outs                  # [_OutSpec], filled in by the first trace
         self.mut_storages = mut_storages  # buffer indices the program returns new buffers for
         self.results = None               # after the first call: the outs as _results' specs,
@@ -98,6 +100,12 @@ class Program:
         # TORCH_TPU_C_FAST_PATH=0: always the key, the reference.
         self.memo = [None, None] if C_FAST_PATH else None
         self.last = None
+        # under DeferAndFuse a call records as one pending node (_record), which the flush
+        # fuses with the eager ops and other graphs around it (a training step's forward,
+        # backward and optimizer: one program). Not graphs that read or write host values.
+        self.deferrable = not (self.has_host or self.cpu_mutated) and all(
+            s.kind not in (OUT_CPU, OUT_HOST) for s in self.out_template) and all(
+            isinstance(c, jax.Array) for c in self.consts.values())
         metrics.count("compile.graphs")
         metrics.compile_seconds[0] += time.perf_counter() - t0
 
@@ -129,7 +137,15 @@ class Program:
 
     # ------------------------------------------------------------ per call
     def __call__(self, args):
+        ex = executor()
+        if ex.deferred and self.deferrable:
+            with ex.lock:  # (threads: as an eager op's recording, eager/defer.py)
+                ex.before_graph(self)
+                return self._call(args, ex)
         flush_pending("compiled_graph")  # deferred eager work writes the buffers read here
+        return self._call(args, None)
+
+    def _call(self, args, ex):
         kinds = self.kinds
         extra = []
         # C; None when an input's storage has no buffer yet
@@ -158,6 +174,12 @@ class Program:
                 exe = self._build(key, len(bufs), len(offsets))
                 self.cache[key] = exe
             self.last = (prec, exe)
+        if ex is not None:
+            if exe.results not in (None, False):  # (a graph with no outputs has ())
+                return self._record(ex, exe, bufs, storages, offsets, args)
+            # its first call runs now (the trace fills in its results' specs)
+            flush_pending("compiled_graph")
+            parts, bufs, storages, offsets, same = _scan(kinds, args, self.memo) or self._scan(args)
         if self.n_seeded:
             extra.extend(draw(default_generator(), self.n_seeded))
         metrics.counters["compile.calls"] += 1
@@ -170,7 +192,7 @@ class Program:
         _C.replace_buffers(storages, exe.mut_storages, new_bufs)  # the storages it wrote
         for i, buf in zip(self.cpu_mutated, new_bufs[len(exe.mut_storages):]):
             args[i].copy_(_runtime.to_host(buf, args[i].dtype).reshape(args[i].shape))
-        if exe.results:
+        if C_FAST_PATH and exe.results not in (None, False):
             outs = _results(exe.results, flat_outs, args)
             args.clear()
             return outs
@@ -192,10 +214,31 @@ class Program:
             else:
                 outs.append(spec.value)
         args.clear()  # the boxed convention: let inputs die as early as possible
-        if exe.results is None and C_FAST_PATH:  # decided once, after the trace filled the specs
+        if exe.results is None:  # decided once, after the trace filled the specs
             exe.results = all(s.kind in (OUT_TPU, OUT_INPUT, OUT_STATIC) for s in exe.outs) and tuple(
                 (s.kind, s.shape, s.stride, s.dtype, s.n, s.jdt) if s.kind == OUT_TPU
                 else (s.kind, s.value) for s in exe.outs)
+        return outs
+
+    def _record(self, ex, exe, bufs, storages, offsets, args):
+        """DeferAndFuse: the call as a pending node whose results are Lazy buffers (the
+        tensors as program_results would make them)."""
+        entry = exe.node_entry
+        if entry is None:
+            entry = exe.node_entry = _GraphEntry(self, exe, len(bufs))
+        outs, fresh = [], []
+        for s in exe.results:
+            if s[0] == OUT_TPU:
+                t, st = _empty(s[1], s[2], s[3])
+                fresh.append((st, s[4], s[5]))
+                outs.append(t)
+            else:  # an input, or a static value
+                outs.append(args[s[1]] if s[0] == OUT_INPUT else s[1])
+        fresh += [(storages[j], *getattr(storages[j], _storage.ATTR)[1:]) for j in exe.mut_storages]
+        dyns = [*offsets, *draw(default_generator(), self.n_seeded)] if self.n_seeded else offsets
+        ex.record_graph(entry, [*bufs, *self.consts.values()], dyns, fresh)
+        metrics.counters["compile.calls"] += 1
+        args.clear()
         return outs
 
     def _scan(self, args):
@@ -337,14 +380,35 @@ class Program:
         if len(self.cache):
             metrics.count("compile.respecializations")
         run.__name__ = "tpu_" + self.name.rstrip("0123456789")  # its XLA module's name
-        jitted = jax.jit(_precision.binding(run, key[-1]), compiler_options=_compiler_options())
-        exe = Executable(None, outs, mut_storages)
+        raw = _precision.binding(run, key[-1])
+        jitted = jax.jit(raw, compiler_options=_compiler_options())
+        exe = Executable(None, outs, mut_storages, raw)
         # the program is timed on its first call (the compile), bounded in the LRU of all
         # programs, warned about when new shapes keep compiling it: _program_cache
         exe.fn = admit_compiled(self.cache, key, jitted, self,
                                 [ph.name for ph in placeholders])
         metrics.compile_seconds[0] += time.perf_counter() - t0
         return exe
+
+
+class _GraphEntry:
+    """A compiled graph's executable as DeferAndFuse's pending nodes see an op's entry
+    (eager/fuse.py): its traceable body takes the node's buffers (the call's, then the
+    graph's constants) and scalars (offsets, RNG seed and offset) and returns its
+    results' flat buffers, then its written storages' new buffers."""
+
+    __slots__ = ("raw", "key", "checks")
+
+    def __init__(self, program, exe, nbufs):
+        run, nconst = exe.raw, len(program.consts)
+
+        def raw(*a):
+            flat_outs, new_bufs = run(*a[:nbufs], *a[nbufs + nconst:], *a[nbufs:nbufs + nconst])
+            return [*flat_outs, *new_bufs]
+
+        self.raw = raw
+        self.key = (f"compiled {program.name}", ())
+        self.checks = None
 
 
 def _compiler_options():

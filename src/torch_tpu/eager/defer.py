@@ -83,7 +83,7 @@ class DeferExecutor:
     name = "defer_and_fuse"
     deferred = True
     # slots: the op kernels read nodes and in_backward at their offsets (csrc/slots.h)
-    __slots__ = ("chunk", "ids", "in_backward", "lock", "loop", "max_nodes", "nodes",
+    __slots__ = ("chunk", "graphs", "ids", "in_backward", "lock", "loop", "max_nodes", "nodes",
                  "paused_gc")
 
     def __init__(self):
@@ -96,6 +96,7 @@ class DeferExecutor:
         self.max_nodes = MAX_NODES
         self.chunk = None  # the guard's chunk: the entries a graph of repeated blocks has
         self.ids = []  # the guard's copy of the pending nodes' entry ids, extended at each look
+        self.graphs = set()  # ids of the compiled graphs (compile/program.py) pending
 
     def _graph_starts(self):
         """A graph's first node: pause the cyclic GC (see the top)."""
@@ -153,11 +154,33 @@ class DeferExecutor:
         jdt = _runtime.jax_dtype(src.dtype)
         self._source(storage, _upload_entry(host.shape[0], jdt), host, host.shape[0], jdt)
 
+    def before_graph(self, program) -> None:
+        """A compiled graph is about to record (record_graph): one already pending flushes
+        first, so that a training loop flushes once per step (its forward, backward and
+        optimizer graphs and the eager ops between them: one program)."""
+        if id(program) in self.graphs:
+            self.flush("compiled_repeat")
+        self.graphs.add(id(program))
+
+    def record_graph(self, entry, bufs, dyns, outs) -> None:
+        """A compiled graph's call as one node (the lock held since before_graph); `outs`:
+        the (storage, length, jax dtype) that its results become, in order."""
+        node = Node(entry, bufs, dyns, _user_line())
+        self._open_graph().append(node)
+        for i, (st, n, jdt) in enumerate(outs):
+            lazy = Lazy(node, i, weakref.ref(st))
+            node.outs.append(lazy)
+            setattr(st, _ATTR, (lazy, n, jdt))
+        _COUNTERS["dispatches.compiled_graphs"] += 1
+        self._after_record(id(entry))
+
     @contextlib.contextmanager
     def backward(self):
-        """Flush the forward graph, so the device runs it while the backward records; the
+        """Flush the forward graph, so the device runs it while the backward records (not
+        a compiled forward: its backward records in microseconds, and joins it); the
         loop detector ignores the repetition of layers within the backward pass."""
-        self.flush("backward")
+        if not self.graphs:
+            self.flush("backward")
         self.in_backward += 1
         try:
             yield
@@ -241,6 +264,7 @@ class DeferExecutor:
             self.nodes = None
             self.loop.reset()
             self.ids = []
+            self.graphs.clear()
             if reason != "compile_guard":
                 self.chunk = None
             # the next graph: the guard's chunk, or its first checkpoint
