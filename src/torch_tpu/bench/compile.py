@@ -283,8 +283,7 @@ def contestants(base, spec, workload, skip, model: Model = LLAMA):
     def tpu(**kw):
         return lambda: TorchRunner(base, spec, "tpu", workload, model=model, **kw)
 
-    out = {"tpu compiled": tpu(compile_backend="tpu"),
-           # the graphs join DeferAndFuse's pending graph: one program per training step
+    out = {"tpu compiled": tpu(compile_backend="tpu"),  # +defer: one program per step
            "tpu compiled+defer": tpu(compile_backend="tpu", mode="defer_and_fuse"),
            "tpu Strict": tpu(mode="strict")}
     if "DEFER_AND_FUSE" in torch_tpu.EagerMode.__members__:

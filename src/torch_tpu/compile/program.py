@@ -221,8 +221,7 @@ class Program:
         return outs
 
     def _record(self, ex, exe, bufs, storages, offsets, args):
-        """DeferAndFuse: the call as a pending node whose results are Lazy buffers (the
-        tensors as program_results would make them)."""
+        """DeferAndFuse: the call as a pending node; its results' buffers are Lazy."""
         entry = exe.node_entry
         if entry is None:
             entry = exe.node_entry = _GraphEntry(self, exe, len(bufs))
@@ -392,10 +391,9 @@ class Program:
 
 
 class _GraphEntry:
-    """A compiled graph's executable as DeferAndFuse's pending nodes see an op's entry
-    (eager/fuse.py): its traceable body takes the node's buffers (the call's, then the
-    graph's constants) and scalars (offsets, RNG seed and offset) and returns its
-    results' flat buffers, then its written storages' new buffers."""
+    """A compiled graph's executable as a DeferAndFuse node's entry (eager/fuse.py): its
+    body takes the call's buffers, the graph's constants, then the scalars (offsets, RNG
+    seed and offset); it returns the results' flat buffers, then the written storages'."""
 
     __slots__ = ("raw", "key", "checks")
 
