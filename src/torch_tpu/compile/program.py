@@ -100,9 +100,8 @@ class Program:
         # TORCH_TPU_C_FAST_PATH=0: always the key, the reference.
         self.memo = [None, None] if C_FAST_PATH else None
         self.last = None
-        # under DeferAndFuse a call records as one pending node (_record), which the flush
-        # fuses with the eager ops and other graphs around it (a training step's forward,
-        # backward and optimizer: one program). Not graphs that read or write host values.
+        # DeferAndFuse records a call as one node (_record), fused with the eager ops and
+        # graphs around it; not graphs that read or write host values
         self.deferrable = not (self.has_host or self.cpu_mutated) and all(
             s.kind not in (OUT_CPU, OUT_HOST) for s in self.out_template) and all(
             isinstance(c, jax.Array) for c in self.consts.values())
@@ -137,15 +136,12 @@ class Program:
 
     # ------------------------------------------------------------ per call
     def __call__(self, args):
-        ex = executor()
-        if ex.deferred and self.deferrable:
-            with ex.lock:  # (threads: as an eager op's recording, eager/defer.py)
-                ex.before_graph(self)
-                return self._call(args, ex)
+        if self.deferrable:  # the mode runs it now (Strict) or records it (`call`'s ex)
+            return executor().graph(self, args)
         flush_pending("compiled_graph")  # deferred eager work writes the buffers read here
-        return self._call(args, None)
+        return self.call(args, None)
 
-    def _call(self, args, ex):
+    def call(self, args, ex):
         kinds = self.kinds
         extra = []
         # C; None when an input's storage has no buffer yet
@@ -177,8 +173,7 @@ class Program:
         if ex is not None:
             if exe.results not in (None, False):  # (a graph with no outputs has ())
                 return self._record(ex, exe, bufs, storages, offsets, args)
-            # its first call runs now (the trace fills in its results' specs)
-            flush_pending("compiled_graph")
+            flush_pending("compiled_graph")  # its first call runs now (the trace fills its specs)
             parts, bufs, storages, offsets, same = _scan(kinds, args, self.memo) or self._scan(args)
         if self.n_seeded:
             extra.extend(draw(default_generator(), self.n_seeded))

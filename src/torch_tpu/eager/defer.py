@@ -154,16 +154,17 @@ class DeferExecutor:
         jdt = _runtime.jax_dtype(src.dtype)
         self._source(storage, _upload_entry(host.shape[0], jdt), host, host.shape[0], jdt)
 
-    def before_graph(self, program) -> None:
-        """A compiled graph is about to record (record_graph): one already pending flushes
-        first, so that a training loop flushes once per step (its forward, backward and
-        optimizer graphs and the eager ops between them: one program)."""
-        if id(program) in self.graphs:
-            self.flush("compiled_repeat")
-        self.graphs.add(id(program))
+    def graph(self, program, args):
+        """A compiled graph's call records (record_graph); one already pending flushes first:
+        a training loop flushes once per step (its graphs and eager ops: one program)."""
+        with self.lock:  # (threads: as an eager op's recording)
+            if id(program) in self.graphs:
+                self.flush("compiled_repeat")
+            self.graphs.add(id(program))
+            return program.call(args, self)
 
     def record_graph(self, entry, bufs, dyns, outs) -> None:
-        """A compiled graph's call as one node (the lock held since before_graph); `outs`:
+        """A compiled graph's call as one node (the lock held since `graph`); `outs`:
         the (storage, length, jax dtype) that its results become, in order."""
         node = Node(entry, bufs, dyns, _user_line())
         self._open_graph().append(node)

@@ -65,6 +65,10 @@ class StrictExecutor:
     def flush(self, reason: str) -> None:
         """Nothing is deferred."""
 
+    def graph(self, program, args):
+        """A compiled graph's call (compile/program.py): it runs now."""
+        return program.call(args, None)
+
     def backward(self):
         return contextlib.nullcontext()
 
