@@ -49,8 +49,34 @@ def test_fills_uploads_and_flushes_through_the_executor(mode):
         grew = metrics.counters - before
     counter = {"strict": "dispatches.strict", "debug": "dispatches.debug",
                "defer_and_fuse": "dispatches.defer_and_fuse"}[mode]
-    assert grew[counter] >= 5, dict(grew)  # the two fills count as ops of the mode
+    # the two fills count as ops of the mode; in Strict a fill that finds its constant
+    # made before (_storage.shared) runs no XLA call and counts as fills.shared instead
+    fills = grew["fills.shared"] if mode == "strict" else 0
+    assert grew[counter] + fills >= 5, dict(grew)
     assert grew["host_to_device"] >= 1
+
+
+def test_strict_fill_of_a_constant_made_before_runs_no_xla_call():
+    """torch.zeros/ones_like in Strict: the first makes the constant (one XLA call, an
+    op); the next ones of the same size, dtype and value share its immutable buffer, and
+    every result still reads its own values after an in-place write to one of them."""
+    with torch_tpu.eager_mode("strict"):
+        before = metrics.counters.copy()
+        a = torch.full((5, 7), -3.3671875, device="tpu")
+        made = metrics.counters - before
+        b, c = torch.full_like(a, -3.3671875), torch.full((35,), -3.3671875, device="tpu")
+        shared = metrics.counters - before - made
+        b.add_(1)
+        assert made["dispatches.strict"] == 1 and not made["fills.shared"], dict(made)
+        assert shared["fills.shared"] == 2 and not shared["dispatches.strict"], dict(shared)
+        assert (a.cpu() == -3.3671875).all() and (c.cpu() == -3.3671875).all()
+        assert (b.cpu() == -2.3671875).all()
+        n = metrics.counters["fills.shared"]
+        assert (torch.full((5, 7), 3.3671875, device="tpu").cpu() == 3.3671875).all()
+        torch.zeros(3, device="tpu")
+        negative = torch.full((3,), -0.0, device="tpu").cpu()  # not 0.0's buffer
+        assert (torch.copysign(torch.ones(3), negative) < 0).all(), negative
+        assert metrics.counters["fills.shared"] <= n + 1  # the zeros may have been made
 
 
 def test_debug_counts_whole_storage_fills_as_its_ops():

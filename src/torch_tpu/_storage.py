@@ -61,9 +61,7 @@ def constant(n, dtype, value):
     zeros, ones and fills that torch.zeros/ones/full, zeros_like tangents and backward()'s
     ones_like make every step cost a dict lookup instead of an XLA call."""
     dtype = jnp.dtype(dtype)
-    # -0.0 == 0.0 (and hashes alike), but 1 / x tells them apart
-    sign = math.copysign(1.0, value) if type(value) is float else 0
-    key = (n, dtype, type(value), value, sign)
+    key = _key(n, dtype, value)
     buf = _shared.get(key)
     if buf is not None:
         _shared.move_to_end(key)
@@ -78,6 +76,15 @@ def constant(n, dtype, value):
         if len(_shared) > SHARED_MAX_COUNT:
             _shared.popitem(last=False)
     return buf
+
+
+def shared(n, dtype, value):
+    """The buffer `constant` would return, if it is a shared one made already; else None."""
+    return _shared.get(_key(n, jnp.dtype(dtype), value))
+
+
+def _key(n, dtype, value):  # -0.0 == 0.0 (and hashes alike), but 1 / x tells them apart
+    return n, dtype, type(value), value, math.copysign(1.0, value) if type(value) is float else 0
 
 
 @functools.lru_cache(maxsize=None)

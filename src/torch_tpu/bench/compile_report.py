@@ -20,9 +20,8 @@ def _ratio(num, den, fmt="{:.2f}x"):
 
 def _rel_diff(res, name: str) -> float | None:
     ref, got = res.losses.get("CPU eager"), res.losses.get(name)
-    if ref is None or got is None:
-        return None
-    return max(abs(g - r) / max(abs(r), 1e-12) for g, r in zip(got, ref))
+    return None if ref is None or got is None else max(
+        abs(g - r) / max(abs(r), 1e-12) for g, r in zip(got, ref))
 
 
 def table(results: dict) -> str:
@@ -57,11 +56,8 @@ PHASES = ("upload", "forward", "backward", "opt.step", "zero_grad", "step", "wai
 def phase_table(res) -> str:
     names = list(res.phases)
     keys = [k for k in PHASES if any(k in res.phases[n] for n in names)]
-    rows = []
-    for k in keys:
-        digits = 1 if k.endswith("/step") else 2
-        rows.append([k] + [_fmt(res.phases[n].get(k), digits) if k in res.phases[n] else "—"
-                           for n in names])
+    rows = [[k] + [_fmt(res.phases[n][k], 1 if k.endswith("/step") else 2)
+                   if k in res.phases[n] else "—" for n in names] for k in keys]
     return common.markdown_table(["phase, ms"] + names, rows)
 
 
@@ -69,18 +65,13 @@ def targets(model, results: dict) -> list[str]:
     out = []
     tr, inf = results.get(TRAIN), results.get(INFER)
     c = "tpu compiled"
-    if tr is not None and c in tr.ms and "jax.jit" in tr.ms:
-        ratio = tr.ms["jax.jit"] / tr.ms[c]
-        out.append(f"- {model.name} training, compiled vs hand-written jax.jit: **{ratio:.2f}x** "
-                   f"(target ≥ 0.9x: {'met' if ratio >= 0.9 else 'not met'})")
-    if tr is not None and c in tr.ms and "CPU eager" in tr.ms:
-        ratio = tr.ms["CPU eager"] / tr.ms[c]
-        out.append(f"- {model.name} training, compiled vs native CPU eager: **{ratio:.2f}x** "
-                   f"(target ≥ 1.1x: {'met' if ratio >= 1.1 else 'not met'})")
-    if inf is not None and c in inf.ms and "jax.jit" in inf.ms:
-        ratio = inf.ms["jax.jit"] / inf.ms[c]
-        out.append(f"- {model.name} inference, compiled vs jax.jit: **{ratio:.2f}x** "
-                   f"(target ≥ 1.0x: {'met' if ratio >= 1.0 else 'not met'})")
+    for res, versus, ref, goal in ((tr, "training, compiled vs hand-written", "jax.jit", 0.9),
+                                   (tr, "training, compiled vs native", "CPU eager", 1.1),
+                                   (inf, "inference, compiled vs", "jax.jit", 1.0)):
+        if res is not None and c in res.ms and ref in res.ms:
+            ratio = res.ms[ref] / res.ms[c]
+            out.append(f"- {model.name} {versus} {ref}: **{ratio:.2f}x** "
+                       f"(target ≥ {goal}x: {'met' if ratio >= goal else 'not met'})")
     cold = tr.cold if tr is not None else {}
     if cold.get(c) and cold.get("jax.jit"):
         ratio = cold[c] / cold["jax.jit"]
@@ -92,8 +83,7 @@ def targets(model, results: dict) -> list[str]:
             line += (f"; torch's own tracing, `backend=\"aot_eager\"` on CPU, took {floor:.1f} s, "
                      f"{floor / cold['jax.jit']:.1f}x jax.jit's: the floor behind torch.compile")
         out.append(line)
-    if tr is not None and _rel_diff(tr, "jax.jit") is not None:
-        rel = _rel_diff(tr, "jax.jit")
+    if tr is not None and (rel := _rel_diff(tr, "jax.jit")) is not None:
         out.append(f"- {model.name} parity of the hand-written JAX step: loss vs torch CPU eager at "
                    f"steps 1 and 3, rel diff {rel:.0e} (tolerance 1e-4: "
                    f"{'ok' if rel <= 1e-4 else 'MISMATCH'})")

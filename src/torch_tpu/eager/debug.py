@@ -387,9 +387,10 @@ class DebugExecutor(StrictExecutor):
 
     def fill(self, storage, dtype, value) -> None:
         """fill_/zero_ of a whole storage (torch.zeros/ones/full): waits like every op, so
-        an error surfaces here, and counts as a checked op."""
+        an error surfaces here, and counts as a checked op (a shared constant too)."""
+        metrics.counters[self.counter] += 1
         try:
-            super().fill(storage, dtype, value)
+            self.constant(storage, dtype, value)
             jax.block_until_ready(_storage.record(storage, dtype)[0])
         except Exception as e:
             e.add_note(f"torch_tpu debug: raised by aten::fill_ at {user_location()}")

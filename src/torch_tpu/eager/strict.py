@@ -81,8 +81,11 @@ class StrictExecutor:
 
     def fill(self, storage, dtype, value) -> None:
         """fill_/zero_ of a whole storage (torch.zeros/ones/full are empty + fill_): one
-        XLA call that reads nothing, or a shared small constant (_storage.constant)."""
-        _COUNTERS[self.counter] += 1
+        XLA call that reads nothing (an op of the mode), or a small constant made before,
+        a dict lookup counted as `fills.shared` (_storage.shared)."""
+        jdt = _runtime.jax_dtype(dtype)
+        made = _storage.shared(storage.nbytes() // jdt.itemsize, jdt, value) is not None
+        _COUNTERS["fills.shared" if made else self.counter] += 1
         self.constant(storage, dtype, value)
 
     def upload(self, storage, src) -> None:
