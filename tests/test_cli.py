@@ -85,6 +85,20 @@ def test_write_section_replaces_only_its_own_section(tmp_path):
     assert text.index("bench:a:begin") < text.index("bench:b:begin")
 
 
+@pytest.mark.parametrize("name", ["compile", "modes", "scaling", "rl"])
+def test_each_bench_section_carries_its_notes_from_docs(name):
+    """The hand-written reading of a bench's figures lives in docs/bench_notes/NAME.md;
+    the section the bench last wrote into PERFORMANCE.md holds it word for word."""
+    from torch_tpu.bench import common
+
+    notes = common.notes(name)
+    assert notes.startswith("### Reading these numbers\n\n- **"), notes[:80]
+    section = common.PERFORMANCE_MD.read_text().split(f"<!-- bench:{name}:begin -->")[1]
+    assert notes in section.split(f"<!-- bench:{name}:end -->")[0], (
+        f"PERFORMANCE.md's {name} notes differ from docs/bench_notes/{name}.md: edit the "
+        "notes there (a bench run rewrites its section from them), then copy them over")
+
+
 @pytest.mark.slow
 def test_demo_trains_with_parity():
     r = run_cli("demo", "--steps", "3", "--no-progress")

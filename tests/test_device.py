@@ -138,7 +138,7 @@ def test_small_constants_share_one_immutable_buffer():
     assert b.cpu().tolist() == [0.0] * 16 and a.cpu()[3].item() == 5
     neg = torch.full((16,), -0.0, device="tpu")
     assert torch.equal(1 / neg.cpu(), torch.full((16,), -float("inf")))
-    n = _storage.SHARED_MAX_ELEMENTS + 1
+    n = _storage.SHARED_MAX_BYTES // 4 + 1
     big1, big2 = torch.ones(n, device="tpu"), torch.ones(n, device="tpu")
     assert big1.untyped_storage()._xla[0] is not big2.untyped_storage()._xla[0]
 

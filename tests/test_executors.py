@@ -73,10 +73,7 @@ def test_strict_fill_of_a_constant_made_before_runs_no_xla_call():
         assert (b.cpu() == -2.3671875).all()
         n = metrics.counters["fills.shared"]
         assert (torch.full((5, 7), 3.3671875, device="tpu").cpu() == 3.3671875).all()
-        torch.zeros(3, device="tpu")
-        negative = torch.full((3,), -0.0, device="tpu").cpu()  # not 0.0's buffer
-        assert (torch.copysign(torch.ones(3), negative) < 0).all(), negative
-        assert metrics.counters["fills.shared"] <= n + 1  # the zeros may have been made
+        assert metrics.counters["fills.shared"] == n  # another value: its own constant
 
 
 def test_debug_counts_whole_storage_fills_as_its_ops():

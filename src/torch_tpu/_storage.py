@@ -48,8 +48,9 @@ def zeros(n, dtype):
     return constant(n, dtype, 0)
 
 
-SHARED_MAX_ELEMENTS = 1 << 16   # constants up to this size are shared...
-SHARED_MAX_COUNT = 64           # ...the most recently used of them (<= 32 MiB in all)
+# constants up to 4 MiB are shared (a GPT's logits' zero tangent, 8 x 64 x vocab 256 in
+# fp32, is 0.5 MiB): the 64 most recently used, or fewer where they would hold over 32 MiB
+SHARED_MAX_BYTES, SHARED_TOTAL_BYTES, SHARED_MAX_COUNT = 1 << 22, 1 << 25, 64
 _shared: collections.OrderedDict = collections.OrderedDict()
 
 
@@ -71,9 +72,10 @@ def constant(n, dtype, value):
     except jax.errors.JaxRuntimeError as e:
         _runtime.raise_if_out_of_memory(e, "filling a tensor")
         raise
-    if n <= SHARED_MAX_ELEMENTS and type(value) is not complex:
+    if n * dtype.itemsize <= SHARED_MAX_BYTES and type(value) is not complex:
         _shared[key] = buf
-        if len(_shared) > SHARED_MAX_COUNT:
+        while (len(_shared) > SHARED_MAX_COUNT
+               or sum(b.nbytes for b in _shared.values()) > SHARED_TOTAL_BYTES):
             _shared.popitem(last=False)
     return buf
 

@@ -92,6 +92,13 @@ def environment_line() -> str:
             "(a load above the core count slows CPU eager's thread team most)")
 
 
+def notes(name: str) -> str:
+    """A bench's hand-written reading of its figures, docs/bench_notes/NAME.md (prose kept
+    with the docs and edited there after a run), under its heading; "" if there is none."""
+    path = DOCS / "bench_notes" / f"{name}.md"
+    return f"### Reading these numbers\n\n{path.read_text().strip()}" if path.exists() else ""
+
+
 def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |",
              "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |"]

@@ -169,42 +169,10 @@ def render(results: list[WorkloadResult], rec: RecordResult | None, spec: Spec, 
 
     if asserts is not None:
         lines += _asserts_section(asserts)
-    lines += ["### Against the issue's targets", ""] + _verdicts(results, rec, asserts) + ["", NOTES]
+    lines += ["### Against the issue's targets", ""] + _verdicts(results, rec, asserts) + ["", common.notes("modes")]
     return "\n".join(lines)
 
 
-NOTES = """### Reading these numbers
-
-- **Two graphs per training step.** `backward()` flushes DeferAndFuse's pending forward
-  graph, so XLA runs it while Python records the backward; the backward and optimizer
-  graph, flushed by the step's `loss.item()`, runs while the next step's forward records.
-  The price is memory: the activations saved for the backward become real buffers at
-  that flush, as in Strict (peak memory about 0.9x Strict's instead of about 0.4x with
-  one fused graph per step), for a step 10-20% faster.
-- **Recording in C.** A lowered op's PrivateUse1 kernel is a C callable
-  (`csrc/kernel.cpp`), and the dispatcher reaches it through a boxed C++ kernel
-  (`csrc/tpu_ext.cpp`) that hands over the argument stack in schema order, not through
-  torch.library's Python holder, which built an args tuple and a kwargs dict only for
-  the kernel to normalize them back (~1 µs per op). Once its entry is cached,
-  DeferAndFuse records an op with no Python frame: the argument scan and cache key
-  (`csrc/scan.cpp`), the node, its result tensors and their pending values
-  (`csrc/graph.cpp`), the user's line (`csrc/frames.cpp`) and loop detection are C, and
-  a new storage's bookkeeping lives in its DataPtr (no global table or lock). What
-  remains of the per-op cost is torch's own dispatch and Python-object churn: a result
-  tensor, its storage object and record, the key's tuples and their hash.
-- **Against CPU eager.** The small models here are per-op overhead bound for every
-  contestant. Per training step, DeferAndFuse records ~275 lowered ops; its forward and
-  backward recording take less than CPU eager's time for the same Python, and
-  attention is one fused op each way (torch's "overrideable" SDPA backend), not the
-  math path's ~30. What it adds sits on the Python thread: the two flushes, ~0.5 and
-  ~0.8 ms per step in this benchmark's setting (each call starts on an idle device),
-  mostly jax's own dispatch of the two programs (~3 µs per output buffer: the ~50
-  activations the backward reads, the ~60 weights and AdamW moments the optimizer
-  rewrites; returning them packed into one buffer per dtype saved only ~0.15 ms in a
-  trial, not worth a storage that is a slice of another's buffer), and the batch upload
-  (~0.3 ms: the first XLA call after the device went idle pays its wake-up). Timed alone
-  (my scripts, medians of 150 interleaved steps) DeferAndFuse and CPU eager trade places
-  within ±5%."""
 
 
 def _asserts_section(a: AssertsResult) -> list[str]:

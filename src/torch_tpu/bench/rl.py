@@ -127,24 +127,6 @@ def measure(ex, cfg, names, warmup, rounds, bar):
 
 
 # ---------------------------------------------------------------- report
-READING = """\
-- **The rollout dominates**: one full-length forward per sampled token (8 per iteration)
-  plus the sampling ops, against one forward each for the reference pass and the update.
-- **Strict is dispatch-bound**: a forward of this model is 92 lowered ops, each the launch
-  of a cached executable, where CPU eager runs the same tiny kernels in a few µs each.
-- **HF's mask helper syncs every eager forward**: `transformers.masking_utils.
-  find_packed_sequence_indices` reads a flag back to the host to detect packed sequences,
-  so in eager modes each forward waits for the device and ends a DeferAndFuse graph (10
-  such syncs per iteration: 8 rollout forwards, the reference, the update; counted as
-  `flush.item`). Under `torch.compile` the check is skipped (it is traced), so the
-  compiled forward is one asynchronous XLA program.
-- **Compiled vs CPU eager**: on XLA:CPU, the compiled forward's execution takes about as
-  long as CPU eager's kernels for this model (measured alone: 1.7 ms to launch, 7 ms to
-  launch and read back, against 8-11 ms per CPU eager forward), so the ratio sits near 1 and
-  moves with the machine's load (0.9x-1.5x over runs of this bench at load 4-8); the
-  sampling, loss and AdamW around it run in Strict. The eager modes miss the target for
-  the two reasons above (three earlier runs of this bench at load 3-8: Strict 0.40x-0.75x,
-  DeferAndFuse 0.61x-0.82x). The figures are XLA:CPU's: a TPU runs the same programs."""
 
 
 def render(res, compiled, cfg, args, seconds, load_start) -> str:
@@ -182,7 +164,7 @@ def render(res, compiled, cfg, args, seconds, load_start) -> str:
         f"Programs compiled during the measured rounds, all tpu variants: {compiled}. "
         f"Whole run: {seconds:.0f} s. Load average (`uptime`) at the start: {load_start}."),
         "", common.markdown_table(header, rows), "", "![GRPO iteration by phase](bench_rl.png)", ""]
-    lines += ["### Reading these numbers", "", READING, "", "### Against the issue's target", ""]
+    lines += [common.notes("rl"), "", "### Against the issue's target", ""]
     for name, c in res.items():
         if c is cpu or cpu is None:
             continue

@@ -491,6 +491,6 @@ def main(args) -> int:
     if not args.no_write:
         scaling_report.plot(results, names, common.DOCS / "bench_scaling.png")
         common.write_section("scaling", "Scaling: Llama train and generate across widths and "
-                             "tokens per call", text + "\n\n" + scaling_report.NOTES)
+                             "tokens per call", text + "\n\n" + common.notes("scaling"))
         print(f"\nwrote {common.PERFORMANCE_MD.relative_to(common.REPO)} and docs/bench_scaling.png")
     return 0
