@@ -143,6 +143,33 @@ def test_small_constants_share_one_immutable_buffer():
     assert big1.untyped_storage()._xla[0] is not big2.untyped_storage()._xla[0]
 
 
+def _full_or_error(device, dtype, value, view):
+    try:
+        t = torch.zeros(3, 4, dtype=dtype, device=device)
+        return (t[1].fill_(value) if view else torch.full((4,), value, dtype=dtype,
+                                                          device=device)).cpu()
+    except (RuntimeError, OverflowError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+@pytest.mark.parametrize("dtype,value", [
+    (torch.int8, 300), (torch.int8, -129), (torch.int64, float("inf")), (torch.uint8, -1),
+    (torch.bfloat16, 1e39), (torch.float16, 2**63), (torch.float32, 2**64 + 5),
+    (torch.bool, 2**63), (torch.int32, 2.7), (torch.float32, float("nan")),
+    (torch.complex64, -0.0)])
+@pytest.mark.parametrize("view", [False, True], ids=["full", "view.fill_"])
+def test_fills_convert_and_refuse_overflow_as_on_cpu(dtype, value, view):
+    """torch.full / fill_ with a value the dtype cannot hold raises torch's own "value
+    cannot be converted ... without overflow" (CUDA does too), and the process goes on;
+    every value it can hold converts as on CPU."""
+    want, got = (_full_or_error(d, dtype, value, view) for d in ("cpu", "tpu"))
+    if isinstance(want, str):
+        assert got == want, (got, want)
+    else:
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    assert torch.ones(2, device="tpu").sum().item() == 2
+
+
 def test_memory_returns_to_baseline():
     gc.collect()
     base = torch.tpu.memory_allocated()

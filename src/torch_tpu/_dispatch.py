@@ -159,12 +159,19 @@ def _fill_kernel(op, value_of):
 
     def kernel(self, *args):
         ex = current.executor()
+        value = value_of(*args)
+        if value not in (0, 1):  # torch's checked conversion, as on CUDA: "value cannot be
+            # converted to type ... without overflow" (a 1-element CPU fill_ skips it)
+            torch.empty(2, dtype=self.dtype).fill_(value)
+            if type(value) is int and (self.is_floating_point() or self.is_complex()):
+                value = float(value)  # as torch converts it (past int64 for jax too)
+            elif type(value) is int and self.dtype == torch.bool:
+                value = bool(value)
         if not self.is_conj() and not self.is_neg() and covers_storage(self):
-            value = value_of(*args)
             if not isinstance(value, torch.Tensor):
                 ex.fill(self.untyped_storage(), self.dtype, value)
                 return self
-        return ex.execute(plan, normalize(plan, (self, *args), {}))
+        return ex.execute(plan, normalize(plan, (self, *((value,) if args else ())), {}))
 
     kernel.__name__ = f"tpu_{plan.name}"
     return kernel
