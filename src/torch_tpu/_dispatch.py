@@ -154,7 +154,7 @@ def _fill_kernel(op, value_of):
     """fill_/zero_ of a tensor that covers its whole storage: the new buffer is a
     constant, made by one XLA call that reads nothing (torch.zeros/ones/full are empty +
     fill_), or in DeferAndFuse a pending constant with no inputs. Other tensors (views,
-    conj/neg views) and tensor values take the lowering."""
+    conj/neg views) take the lowering; fill_.Tensor is lowered as any op."""
     plan = plan_for(op)
 
     def kernel(self, *args):
@@ -168,9 +168,8 @@ def _fill_kernel(op, value_of):
             elif type(value) is int and self.dtype == torch.bool:
                 value = bool(value)
         if not self.is_conj() and not self.is_neg() and covers_storage(self):
-            if not isinstance(value, torch.Tensor):
-                ex.fill(self.untyped_storage(), self.dtype, value)
-                return self
+            ex.fill(self.untyped_storage(), self.dtype, value)
+            return self
         return ex.execute(plan, normalize(plan, (self, *((value,) if args else ())), {}))
 
     kernel.__name__ = f"tpu_{plan.name}"

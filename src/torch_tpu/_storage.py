@@ -96,8 +96,9 @@ def _key(n, dtype, value):  # -0.0 == 0.0 (and hashes alike), but 1 / x tells th
 def _filled(n, dtype, value) -> np.ndarray:
     """n copies of `value` as XLA converts it to `dtype` (one element made on the device),
     broadcast on the host: one compile per dtype where jnp.full compiles one per size. A
-    GPT's first training step made 10 sizes of zeros (its AdamW state); each compile took
-    100-260 ms at load 6 (the host copy 0.3 ms), its compile is the first step's."""
+    GPT's first training step made zeros of 10 sizes (AdamW's state, the tangents): each
+    compile took 100-260 ms at load 6, the host copy 0.3 ms (GPT cold first step 4.84 s
+    against 5.14 s, docs/PERFORMANCE.md)."""
     one = np.asarray(_constant_fn(1, dtype)(_runtime.scalar_to_device(value)))
     return np.full(n, one[0], one.dtype)
 

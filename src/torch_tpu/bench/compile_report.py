@@ -1,6 +1,6 @@
 """`bench compile`'s report: the tables, the targets against jax.jit, the notes
-(docs/bench_notes/compile.md) and the chart. bench/compile.py measures; this module only formats what it measured (a `Result`
-per model and workload, keyed by the model)."""
+(docs/bench_notes/compile.md) and the chart. bench/compile.py measures; this module only
+formats what it measured (a `Result` per model and workload, keyed by the model)."""
 from __future__ import annotations
 
 import math
@@ -129,8 +129,6 @@ def render(by_model: dict, rounds: int, load_start: str) -> str:
         lines += ["### Targets", ""] + goals + [""]
     lines += [common.notes("compile")]
     return "\n".join(lines)
-
-
 
 
 def chart(by_model: dict, path) -> None:

@@ -173,8 +173,6 @@ def render(results: list[WorkloadResult], rec: RecordResult | None, spec: Spec, 
     return "\n".join(lines)
 
 
-
-
 def _asserts_section(a: AssertsResult) -> list[str]:
     rows = []
     for mode in ("strict", "defer_and_fuse"):
