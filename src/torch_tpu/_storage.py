@@ -62,10 +62,8 @@ def constant(n, dtype, value):
     zeros, ones and fills that torch.zeros/ones/full, zeros_like tangents and backward()'s
     ones_like make every step cost a dict lookup instead of an XLA call."""
     dtype = jnp.dtype(dtype)
-    key = _key(n, dtype, value)
-    buf = _shared.get(key)
+    buf = shared(n, dtype, value)
     if buf is not None:
-        _shared.move_to_end(key)
         return buf
     share = n * dtype.itemsize <= SHARED_MAX_BYTES and type(value) is not complex
     try:
@@ -77,7 +75,7 @@ def constant(n, dtype, value):
         _runtime.raise_if_out_of_memory(e, "filling a tensor")
         raise
     if share:
-        _shared[key] = buf
+        _shared[_key(n, dtype, value)] = buf
         while (len(_shared) > SHARED_MAX_COUNT
                or sum(b.nbytes for b in _shared.values()) > SHARED_TOTAL_BYTES):
             _shared.popitem(last=False)
@@ -85,8 +83,13 @@ def constant(n, dtype, value):
 
 
 def shared(n, dtype, value):
-    """The buffer `constant` would return, if it is a shared one made already; else None."""
-    return _shared.get(_key(n, jnp.dtype(dtype), value))
+    """The buffer `constant` would return, if it is a shared one made already (now the
+    most recently used); else None."""
+    key = _key(n, jnp.dtype(dtype), value)
+    buf = _shared.get(key)
+    if buf is not None:
+        _shared.move_to_end(key)
+    return buf
 
 
 def _key(n, dtype, value):  # -0.0 == 0.0 (and hashes alike), but 1 / x tells them apart

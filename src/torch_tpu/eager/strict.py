@@ -84,9 +84,11 @@ class StrictExecutor:
         XLA call that reads nothing (an op of the mode), or a small constant made before,
         a dict lookup counted as `fills.shared` (_storage.shared)."""
         jdt = _runtime.jax_dtype(dtype)
-        made = _storage.shared(storage.nbytes() // jdt.itemsize, jdt, value) is not None
-        _COUNTERS["fills.shared" if made else self.counter] += 1
-        self.constant(storage, dtype, value)
+        n = storage.nbytes() // jdt.itemsize
+        buf = _storage.shared(n, jdt, value)  # the hot case: one lookup, no second in constant
+        _COUNTERS[self.counter if buf is None else "fills.shared"] += 1
+        _storage.set_buffer(storage, _storage.constant(n, jdt, value) if buf is None else buf,
+                            n, jdt)
 
     def upload(self, storage, src) -> None:
         """A contiguous CPU tensor's values become the whole storage's buffer."""
