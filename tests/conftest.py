@@ -48,17 +48,9 @@ def eager(request):
 
 
 # ---------------------------------------------------------------- slow / distributed
-# pyproject.toml registers both marks; `bash scripts/test.sh --fast` leaves them out.
-# Marks for tests whose files do not carry them on their own lines: file -> mark -> test
-# function names (every parametrized case of each).
-SUITE_MARKS = {
-    "test_c_contracts.py": {"slow": {"test_training_step_same_with_the_c_fast_path_off"}},
-    "test_config.py": {"slow": {"test_import_time_settings_in_a_fresh_process"}},
-    "test_cuda_swap.py": {"slow": {"test_swapped_script_trains_as_on_cpu"}},
-    "test_dtensor_attention.py": {"slow": {"test_registered_lazily"}},
-    "test_integrations.py": {"slow": {"test_patched_only_when_accelerate_is_imported"}},
-    "test_patches.py": {"slow": {"test_print_and_save_of_tpu_tensors"}},
-}
+# pyproject.toml registers both marks; `bash scripts/test.sh --fast` leaves them out. Tests
+# carry them as decorators (or a module's `pytestmark`); tests/distributed/conftest.py marks
+# that whole folder.
 
 
 def _sample_the_matrices(items) -> None:
@@ -90,17 +82,4 @@ def _sample_the_matrices(items) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
 def pytest_collection_modifyitems(config, items):
-    seen = {}
-    for item in items:
-        table = SUITE_MARKS.get(item.path.name)
-        if not table:
-            continue
-        seen.setdefault(item.path.name, item.module)
-        for mark, names in table.items():
-            if getattr(item, "originalname", item.name) in names:
-                item.add_marker(mark)
-    for file, module in seen.items():  # a renamed test must not silently lose its mark
-        missing = {n for names in SUITE_MARKS[file].values() for n in names} - set(vars(module))
-        if missing:
-            raise pytest.UsageError(f"tests/conftest.py SUITE_MARKS: {file} has no {sorted(missing)}")
     _sample_the_matrices(items)

@@ -24,7 +24,7 @@ _dispatch.register()
 from .eager.modes import EagerMode, eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
 from .eager.debug import (  # noqa: E402
     TpuCpuMismatchError, TpuDebugError, TpuIndexError, TpuNonFiniteError)
-from .eager.asserts import DeviceAssertError  # noqa: E402  (CUDA's device-side assert)
+from .op.asserts import DeviceAssertError  # noqa: E402  (CUDA's device-side assert)
 from .eager import modes as _modes  # noqa: E402
 from . import _config  # noqa: E402
 

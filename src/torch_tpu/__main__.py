@@ -1,14 +1,15 @@
-"""`python -m torch_tpu COMMAND`: info, demo, bench NAME, validate, settings, report.
+"""`python -m torch_tpu COMMAND`: the runtime's own commands (info, settings), and the
+commands other installed packages add.
 
-`COMMANDS` at the bottom is the dispatch table: name -> (help, add_arguments, main). A
-command in its own module is one line, `"name": ("help", *_module("torch_tpu.x"))`, where
-the module provides `add_arguments(parser)` and `main(args) -> int`. Benchmarks have their
-own table, `torch_tpu.bench.BENCHES`, so `bench NAME` grows by one line there.
+`COMMANDS` is the runtime's table: name -> (help, add_arguments, main). Other packages
+add commands through the entry-point group `torch_tpu.commands` (name -> a module with
+`HELP`, `add_arguments(parser)` and `main(args) -> int`): the tools package of this
+distribution adds demo, bench, validate and report there (pyproject.toml). So the runtime
+never imports its tools, and a command of a package that is not installed is simply absent.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 # ---------------------------------------------------------------- info
@@ -56,25 +57,11 @@ def _info_main(args) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- bench
-def _add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    from torch_tpu.bench import BENCHES
-
-    sub = p.add_subparsers(dest="bench", metavar="NAME", required=True)
-    for name, (module, help_) in BENCHES.items():
-        sp = sub.add_parser(name, help=help_, description=help_)
-        sp.set_defaults(_bench_module=module)
-        importlib.import_module(module).add_arguments(sp)
-
-
-def _bench_main(args) -> int:
-    return importlib.import_module(args._bench_module).main(args)
-
-
 # ---------------------------------------------------------------- settings
 def _add_settings_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--write", action="store_true",
-                   help="rewrite the settings table in the repository's README.md")
+    p.add_argument("--write", metavar="FILE", nargs="?", const="docs/SETTINGS.md",
+                   help="rewrite the settings table between its marker lines in FILE "
+                        "(default docs/SETTINGS.md, from the current directory)")
 
 
 def _settings_main(args) -> int:
@@ -83,9 +70,9 @@ def _settings_main(args) -> int:
     from torch_tpu import _config
 
     if args.write:
-        readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-        readme.write_text(_config.readme_with_table(readme.read_text()))
-        print(f"wrote the settings table into {readme}")
+        path = pathlib.Path(args.write)
+        path.write_text(_config.with_table(path.read_text()))
+        print(f"wrote the settings table into {path}")
         return 0
     print(_config.markdown_table(), end="")
     for name in _config.SETTINGS:
@@ -97,26 +84,26 @@ def _settings_main(args) -> int:
 
 
 # ---------------------------------------------------------------- the table
-def _module(path: str):
-    """(add_arguments, main) of a command that lives in module `path`."""
-    return (lambda p: importlib.import_module(path).add_arguments(p),
-            lambda args: importlib.import_module(path).main(args))
-
-
 COMMANDS = {
     "info": ("versions, PJRT platform, devices, eager mode, lowerings",
              lambda p: None, _info_main),
-    "demo": ("train a small Llama on CPU and on tpu (Strict, DeferAndFuse, compiled), check parity",
-             *_module("torch_tpu.demo")),
-    "bench": ("benchmarks: bench NAME (see `bench --help`)",
-              _add_bench_arguments, _bench_main),
-    "validate": ("sweeps on tpu vs CPU: validate ops|models|report (docs/VALIDATION.md)",
-                 *_module("torch_tpu.validation.cli")),
-    "settings": ("every TORCH_TPU_* setting: type, default, when it is read (--write: README)",
+    "settings": ("every TORCH_TPU_* setting: type, default, when it is read (--write FILE)",
                  _add_settings_arguments, _settings_main),
-    "report": ("the program caches of the last runs: memory and disk hits, compile times",
-               *_module("torch_tpu._report")),
 }
+ENTRY_POINT_GROUP = "torch_tpu.commands"
+
+
+def commands() -> dict:
+    """The runtime's commands, then those of the installed packages, by name."""
+    import importlib.metadata
+
+    found = dict(COMMANDS)
+    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if ep.name in found:
+            continue  # the runtime's own name wins; an installed package cannot shadow it
+        module = ep.load()
+        found[ep.name] = (module.HELP, module.add_arguments, module.main)
+    return found
 
 
 # ---------------------------------------------------------------- entry
@@ -125,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m torch_tpu",
         description="torch_tpu: an XLA device as the native PyTorch device 'tpu'.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (help_, add_arguments, run) in COMMANDS.items():
+    for name, (help_, add_arguments, run) in commands().items():
         sp = sub.add_parser(name, help=help_, description=help_)
         sp.set_defaults(_run=run)
         add_arguments(sp)

@@ -1,8 +1,8 @@
 """Every `TORCH_TPU_*` setting, declared once; nothing else in the package reads them.
 
 As with JAX's env-backed flags, each setting states its name, type, default, when the
-package reads it and what it does; `get(name)` is the only way to read one, and README's
-settings table is generated from `SETTINGS` (`python -m torch_tpu settings --write`).
+package reads it and what it does; `get(name)` is the only way to read one, and the
+settings table of docs/SETTINGS.md is generated from `SETTINGS` (`python -m torch_tpu settings --write`).
 This module is a leaf: it imports nothing from torch_tpu, torch or jax, so every layer
 can ask it without an import pointing up.
 
@@ -232,27 +232,25 @@ def undeclared() -> list[str]:
 
 
 def markdown_table() -> str:
-    """README's settings table (between its `settings` marker comments)."""
+    """The settings table of docs/SETTINGS.md (between its marker comments)."""
     rows = ["| variable | type | default | read at | effect |", "| --- | --- | --- | --- | --- |"]
     for s in SETTINGS.values():
         cells = [f"`{s.name}`", s.type, s.shown_default(), s.read, s.doc]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"
 
-
-
-# README.md holds the table between these two lines; `python -m torch_tpu settings --write`
-# rewrites what is between them, and tests/test_config.py fails when it is stale.
-README_BEGIN = ("<!-- settings table: generated from src/torch_tpu/_config.py by "
+# docs/SETTINGS.md holds the table between these two lines; `python -m torch_tpu settings
+# --write` rewrites what is between them, and a test fails when it is stale.
+TABLE_BEGIN = ("<!-- settings table: generated from src/torch_tpu/_config.py by "
                 "`python -m torch_tpu settings --write`; do not edit by hand -->")
-README_END = "<!-- end of settings table -->"
+TABLE_END = "<!-- end of settings table -->"
 
 
-def readme_with_table(text: str) -> str:
-    """`text` (README.md) with the part between the markers replaced by `markdown_table()`."""
-    start = text.find(README_BEGIN)
-    end = text.find(README_END, start)
+def with_table(text: str) -> str:
+    """`text` (a markdown file) with the part between the markers replaced by `markdown_table()`."""
+    start = text.find(TABLE_BEGIN)
+    end = text.find(TABLE_END, start)
     if start < 0 or end < 0:
-        raise ValueError("README.md lacks the settings table markers:\n"
-                         f"{README_BEGIN}\n{README_END}")
-    return text[:start + len(README_BEGIN)] + "\n" + markdown_table() + text[end:]
+        raise ValueError("the file lacks the settings table markers:\n"
+                         f"{TABLE_BEGIN}\n{TABLE_END}")
+    return text[:start + len(TABLE_BEGIN)] + "\n" + markdown_table() + text[end:]

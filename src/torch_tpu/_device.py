@@ -12,7 +12,7 @@ torch.utils.rename_privateuse1_backend("tpu")
 from . import _C  # noqa: E402  (the C++ piece: allocator, generator, guard, hooks)
 from . import _amp, _backends, _memory, _patches, _runtime, _streams  # noqa: E402
 from ._rng import check_state, default_generator  # noqa: E402
-from .eager import asserts, current  # noqa: E402
+from .op import asserts, current  # noqa: E402
 
 _DEFAULT_GENERATOR = default_generator()
 
@@ -93,7 +93,7 @@ def synchronize(device=None) -> None:
         _runtime.check_read(e)
         raise
     _runtime.check_read()
-    asserts.check(wait=True)  # device-side asserts (eager/asserts.py)
+    asserts.check(wait=True)  # device-side asserts (op/asserts.py)
 
 
 def get_device_name(device=None) -> str:

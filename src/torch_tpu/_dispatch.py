@@ -16,8 +16,8 @@ import torch
 
 from . import _C, _config, metrics
 from ._transfer import covers_storage, to_cpu, to_cpu_tree, upload, upload_into
-from .eager import current, refusals
-from .eager.opcall import OpPlan, normalize
+from .op import current, refusals
+from .op.opcall import OpPlan, normalize
 from .lowering import decomp, registry
 
 _LIB = torch.library.Library("aten", "IMPL")

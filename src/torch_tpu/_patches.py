@@ -13,7 +13,7 @@ import warnings
 import torch
 
 from . import _transfer
-from .eager import current
+from .op import current
 
 WRITTEN_FOR = "2.13.0"  # the torch version every patch below was written against
 

@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from . import _C, _runtime
-from .eager.graph import Lazy
+from ._C import Lazy
 
 ATTR = "_xla"
 

@@ -14,7 +14,7 @@ import jax
 import torch
 
 from . import _runtime, _storage, _tree, metrics
-from .eager import asserts, current
+from .op import asserts, current
 
 
 @functools.lru_cache(maxsize=4096)

@@ -36,7 +36,7 @@ import jax
 
 from . import _program_cache
 from ._device import synchronize
-from .eager.current import flush_pending
+from .op.current import flush_pending
 
 annotate = _program_cache.annotate
 

@@ -14,7 +14,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
-SRC = os.path.join(os.path.dirname(HERE), "src")
+ROOT = os.path.dirname(HERE)
+SRC = os.path.join(ROOT, "src")
+EXAMPLES = os.path.join(ROOT, "examples")
+USER_CODE = os.path.join(HERE, "user_code")  # user scripts the tests run as subprocesses
 # TORCH_TPU_DIST_TESTS=full: every dtype, model and process count; by default a subset
 # that still exercises each mechanism.
 FULL = os.environ.get("TORCH_TPU_DIST_TESTS", "") == "full"
@@ -58,7 +61,7 @@ def launch(script: str, scenario: str, nproc: int, timeout: float = 240,
         e = dict(os.environ)
         e.update(TPU_DIST_TEST_OUT=tmp, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
                  TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
-                 PYTHONPATH=SRC + os.pathsep + e.get("PYTHONPATH", ""))
+                 PYTHONPATH=os.pathsep.join([SRC, HERE, e.get("PYTHONPATH", "")]))
         if torchrun:
             for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
                 e.pop(k, None)

@@ -1,4 +1,4 @@
-"""The machinery of the misuse catalogue (tests/misuse_catalogue.py holds the cases).
+"""The machinery of the misuse catalogue (tests/reliability/misuse_catalogue.py holds the cases).
 
 A case is a small piece of user code written once for a device string. It runs with "tpu"
 and is judged against one of:
@@ -15,7 +15,7 @@ device, and bit-exact values, or within _tolerances.BY_DTYPE for `close` cases).
 follow-up op must run and give the right value: the process survives, and the error left
 nothing behind (no poisoned generator, no failed pending graph, no stuck mode).
 
-All the cases of one mode run in one process (`python tests/misuse_catalogue.py --run
+All the cases of one mode run in one process (`python tests/reliability/misuse_catalogue.py --run
 MODE`), which prints one `MISUSE-RESULT {json}` line per case; a case that needs a process
 of its own (fork, a small memory limit) gets one. `collect(mode)` runs them and gathers
 the lines; a case whose line never came is a failure that says how the process ended.
@@ -394,7 +394,7 @@ def collect(mode, script, names=None):
 
 
 # ---------------------------------------------------------------- the document
-TABLE_BEGIN = "<!-- misuse-table:begin (python tests/misuse_catalogue.py --write) -->"
+TABLE_BEGIN = "<!-- misuse-table:begin (python tests/reliability/misuse_catalogue.py --write) -->"
 TABLE_END = "<!-- misuse-table:end -->"
 
 
@@ -443,7 +443,7 @@ def write_doc(results, pending) -> None:
 
 # ---------------------------------------------------------------- command line
 def main(argv, script, pending) -> int:
-    """tests/misuse_catalogue.py's command line (see its docstring)."""
+    """tests/reliability/misuse_catalogue.py's command line (see its docstring)."""
     import argparse
     p = argparse.ArgumentParser(description="the misuse catalogue of issue 16")
     p.add_argument("--run", choices=MODES, help="(internal) run cases in this process")

@@ -28,8 +28,8 @@ from torch._prims_common import make_contiguous_strides_for
 from .. import _C, _precision, _runtime, _storage, metrics
 from .._program_cache import admit_compiled, compile_ahead, is_cache_only, is_held
 from .._rng import default_generator, draw
-from ..eager.current import executor, flush_pending
-from ..eager.opcall import C_FAST_PATH, device_scalar
+from ..op.current import executor, flush_pending
+from ..op.opcall import C_FAST_PATH, device_scalar
 from .lower import GraphLowering
 
 _empty = _C.empty_with_storage  # (shape, strides or None, dtype) -> (tensor, its storage)

@@ -2,7 +2,7 @@
 // and exported as the dict `_C.CONTRACTS`; tests/test_c_contracts.py checks each entry
 // against its Python counterpart:
 //   "kinds"       argument kind -> number (lowering/schema.py KINDS), from the list below
-//   "cspec"       the field order of a plan's cspec tuple (eager/opcall.py CSpec)
+//   "cspec"       the field order of a plan's cspec tuple (op/opcall.py CSpec)
 //   "key_layout"  the sections of DeferAndFuse's graph key (graph.cpp; eager/fuse.py _decode)
 //   "slots"       class -> the __slots__ attributes C reads at their offsets (slots.h)
 //   "methods"     class -> the Python methods C calls by name (kernel.cpp)

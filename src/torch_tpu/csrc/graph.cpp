@@ -1,4 +1,4 @@
-// DeferAndFuse's pending graph in C: the Node and Lazy types (eager/graph.py documents
+// DeferAndFuse's pending graph in C: the Node and Lazy types (eager/defer.py documents
 // them), recording one op's node and result tensors, and the flush's first pass over the
 // graph. These run once per recorded op or node; in Python they cost several
 // microseconds each, more than the rest of recording an op.

@@ -8,7 +8,7 @@
 // `execute(plan, vals)`, the reference path: the other modes, a cache miss, what scan
 // leaves to Python, ops run at once (data-dependent shapes), and every flush.
 //
-// The current executor, as eager/current.py executor() would say: this thread's innermost
+// The current executor, as op/current.py executor() would say: this thread's innermost
 // `eager_mode` block's (set_thread_executor), else the global one while no block is open
 // on any thread (set_executor), else current.executor() is asked (threads Python did not
 // start follow the blocks open elsewhere). Executors live as long as the process, so
@@ -164,7 +164,7 @@ struct KernelObject {
 
 thread_local PyObject* t_current = nullptr;  // this thread's eager_mode block's executor
 PyObject* g_current = nullptr;  // the executor of every thread without a block, or null
-PyObject* g_executor_fn = nullptr;  // eager/current.py executor
+PyObject* g_executor_fn = nullptr;  // op/current.py executor
 PyObject* g_defer = nullptr;        // the DeferExecutor
 LoopObject* g_loop = nullptr;       // and its loop detector
 PyObject* g_strict = nullptr;       // the StrictExecutor
@@ -295,7 +295,7 @@ done:
 
 // Strict's fast path: the op's cached entry run at once (results.cpp run_op), or NOT_HERE
 // for Python's execute: a miss, what scan leaves to Python, data-dependent shapes, ops
-// with device-side asserts (eager/asserts.py) and an executable that raised (execute maps
+// with device-side asserts (op/asserts.py) and an executable that raised (execute maps
 // its error).
 //
 // Measured (a 4-element add, best of 15 rounds of 200 calls, 2 cores at load ~4): 19.4 us

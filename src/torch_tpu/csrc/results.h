@@ -37,7 +37,7 @@ bool store_fresh(PyObject* specs, PyObject* recs, PyObject* fresh, Value value) 
       return false;
     }
     // the strides of the meta kernel's layout, which the entry's body writes the flat
-    // buffer in (eager/opcall.py _layout); None: contiguous
+    // buffer in (op/opcall.py _layout); None: contiguous
     PyObject* args[3] = {PyTuple_GET_ITEM(spec, 0), PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 1)};
     PyObject* pair = empty_with_storage(nullptr, args, 3);
     if (pair == nullptr) return false;

@@ -3,7 +3,7 @@
 // frames.cpp's functions, and it exports the argument-kind numbering and the cspec's
 // field order (contracts.h).
 //
-// scan(plan, vals) does what OpPlan.scan (eager/opcall.py) does for the common case, and
+// scan(plan, vals) does what OpPlan.scan (op/opcall.py) does for the common case, and
 // builds the same key (shapes as plain tuples, which hash and compare like torch.Size):
 //   tensors            -> (shape, strides, offset, dtype, buffer length, buffer dtype), and
 //                         the storage record's buffer appended to `bufs`; a non-zero offset

@@ -15,7 +15,7 @@ batch. The overrideable op also takes a mask and grouped-query heads, so:
 
 DTensor also assumes a local result is laid out in memory as torch's meta kernel lays out
 the global one (it views the local tensor by the meta strides): tpu results take their
-meta kernel's layout as CPU's do (eager/opcall.py), so HF Llama's `.transpose(1, 2)
+meta kernel's layout as CPU's do (op/opcall.py), so HF Llama's `.transpose(1, 2)
 .reshape(B, S, -1)` after SDPA is a valid view of the local tensor too.
 
 Registration is lazy: `import torch` loads this package, and importing

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .. import _runtime, _storage
-from ..eager import current
+from ..op import current
 
 
 def jax_dtype(t: torch.Tensor):

@@ -35,7 +35,7 @@ import torch
 from .. import _config, _runtime, _storage, _tolerances, _transfer, _tree, metrics
 from .._frames import user_location
 from ..lowering.registry import bounds_of
-from . import refusals
+from ..op import refusals
 from .strict import StrictExecutor
 
 
@@ -89,7 +89,7 @@ def _is_float(dtype) -> bool:
 def check_bounds(plan, vals) -> None:
     """Read each index argument on the host and raise on the first value out of range. The
     index arguments are those the lowering declares (lowering/bounds.py), the same ones
-    Strict and DeferAndFuse check on the device (eager/asserts.py)."""
+    Strict and DeferAndFuse check on the device (op/asserts.py)."""
     check = bounds_of(plan.lowering)
     if check is None:
         return

@@ -55,10 +55,16 @@ import torch
 from .. import _C, _frames, _runtime, _storage, metrics
 from .._program_cache import op_entry
 from . import fuse
-from .graph import Lazy, Node
-from .opcall import Entry, device_scalar, run_eager, scan_fast
+from .._C import Lazy, Node
+from ..op.opcall import Entry, device_scalar, run_eager, scan_fast
 from .strict import new_tensor
 
+# The pending graph's two C types (csrc/graph.cpp), C because every recorded op makes a Node
+# and a Lazy per result and the flush walks them all. Node(entry, bufs, dyns, frame): the
+# op's cached opcall.Entry, its input buffers (jax arrays or Lazy values), its dynamic
+# scalars, its (file, line); `outs` holds a Lazy per output and `pos` its index, set at
+# the flush. Lazy(node, idx, owner): the flat buffer that output `idx` will be; `owner` is
+# a weakref to the storage object whose buffer record holds it.
 _ATTR = _storage.ATTR
 # (file, line) of the first caller outside torch and torch_tpu (_frames.py), kept per node
 _user_line = _frames.user_line

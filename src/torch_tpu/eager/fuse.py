@@ -23,7 +23,7 @@ import jax
 
 from .. import _C, _config, _frames, _runtime, metrics
 from .._program_cache import admit_graph
-from . import asserts
+from ..op import asserts
 
 _CACHE: dict = {}
 _CACHE_UNCHECKED: dict = {}  # the graphs compiled with TORCH_TPU_DEVICE_ASSERTS=0
@@ -63,7 +63,7 @@ def _decode(key):
 
 def _build(nodes, wiring, out_refs, dyn_slots, next_, checked=()):
     """A checked node's raw takes the device-side asserts' chain value last and returns the
-    chain's new value last (eager/asserts.py); `checked`, the positions of those nodes
+    chain's new value last (op/asserts.py); `checked`, the positions of those nodes
     when asserts are on, makes the graph take the chain as its last argument, pass it
     through them in order and return it last. (Off: a zero, and the codes are dead.)"""
     raws = [n.entry.raw for n in nodes]

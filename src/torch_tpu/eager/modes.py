@@ -12,10 +12,10 @@ import contextlib
 import enum
 
 from .. import _C, _config, metrics
-from . import current
+from ..op import current
 from .debug import DebugExecutor
 from .defer import DeferExecutor
-from .opcall import C_FAST_PATH
+from ..op.opcall import C_FAST_PATH
 from .strict import StrictExecutor
 
 

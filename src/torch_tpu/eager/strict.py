@@ -11,8 +11,8 @@ import jax
 
 from .. import _C, _runtime, _storage, metrics
 from .._program_cache import op_entry
-from . import asserts
-from .opcall import run_eager, scan_fast
+from ..op import asserts
+from ..op.opcall import run_eager, scan_fast
 
 _COUNTERS = metrics.counters
 
@@ -53,7 +53,7 @@ def finish(plan, entry, vals, outs, made):
 class StrictExecutor:
     """Each op runs at once; nothing is deferred.
 
-    The interface every executor answers (eager/current.py): `execute` an op, `flush`
+    The interface every executor answers (op/current.py): `execute` an op, `flush`
     what is deferred, make a whole storage a `constant` (a fresh storage's zeros) or
     `fill` it (fill_/zero_ of all of it: counted as an op), `upload` a host tensor into
     it, and a `backward` context around a backward() call."""

@@ -8,7 +8,7 @@ spec reads only ranks, shapes and dtypes, so one declaration serves both checker
 
   - Debug (eager/debug.py) reads the index values on the host before the op runs and
     raises at the call, naming the value and its position;
-  - Strict and DeferAndFuse (eager/asserts.py) add one validity code to the op's own XLA
+  - Strict and DeferAndFuse (op/asserts.py) add one validity code to the op's own XLA
     program, computed from the traced index arrays, and raise at the next
     synchronization: CUDA's device-side asserts.
 

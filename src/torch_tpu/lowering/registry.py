@@ -71,7 +71,7 @@ def index_bounds(spec):
     """Declare a lowering's index arguments: `spec(vals)` (the op's arguments in schema
     order) -> [lowering.bounds.Bound]. Debug checks them on the host before the op runs;
     Strict and DeferAndFuse add a validity code to the op's program, raised at the next
-    synchronization (eager/asserts.py: CUDA's device-side asserts)."""
+    synchronization (op/asserts.py: CUDA's device-side asserts)."""
     def mark(fn):
         fn.index_bounds = spec
         return fn

@@ -1,5 +1,5 @@
 """Per-overload facts read from an op's schema, computed once: the one home of what the
-eager op plans (eager/opcall.py `OpPlan`) and the compile backend (compile/lower.py
+eager op plans (op/opcall.py `OpPlan`) and the compile backend (compile/lower.py
 `OpInfo`) know about an overload before they see a call.
 
 Argument kinds are numbered; csrc/scan.cpp switches on the same numbers (csrc/contracts.h,

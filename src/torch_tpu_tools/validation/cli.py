@@ -1,0 +1,195 @@
+"""`python -m torch_tpu validate ops|models|report`.
+
+A run may cover a chunk (`--ops`, `--types`, `--shard I/N`): its results merge into
+docs/validation/<kind>-<mode>.json, and the reports (docs/VALIDATION.md, the coverage plot,
+and in Strict mode the expected-failures file) are regenerated from the merged results.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import _env
+
+MODES = ("strict", "debug", "defer_and_fuse")
+
+
+HELP = "sweeps on tpu vs CPU: validate ops|models|report (docs/VALIDATION.md)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="what", metavar="ops|models|report", required=True)
+    o = sub.add_parser("ops", help="the OpInfo sweep: every op of op_db, tpu vs CPU")
+    o.add_argument("--mode", choices=MODES, default="strict")
+    o.add_argument("--dtype", default="float32,bfloat16,int64,bool",
+                   help="comma-separated dtypes (default: all four)")
+    o.add_argument("--ops", default="", help="comma-separated op_db names (default: all)")
+    o.add_argument("--no-grad", action="store_true", help="forward only")
+    o.add_argument("--rerun-failed", action="store_true",
+                   help="only the pairs that failed in the stored results of this mode")
+    _common(o, timeout=300)
+    m = sub.add_parser("models", help="the model-zoo sweep: transformers model types, tpu vs CPU")
+    m.add_argument("--mode", choices=MODES, default="strict")
+    m.add_argument("--types", default="", help="comma-separated model types (default: all)")
+    m.add_argument("--cpu-only", action="store_true",
+                   help="only check that the harness runs each type on CPU (shrinker work)")
+    _common(m, timeout=600)
+    r = sub.add_parser("report", help="rewrite docs/VALIDATION.md from the stored results")
+    r.add_argument("--mode", choices=MODES, default="strict")
+
+
+def _common(p, timeout):
+    p.add_argument("--shard", default="", metavar="I/N", help="run the I-th of N chunks")
+    p.add_argument("--in-process", action="store_true",
+                   help="run in this process (default: a child process that is restarted "
+                        "after a crash, which then counts as the failure of its item)")
+    p.add_argument("--timeout", type=float, default=timeout,
+                   help=f"seconds per item (default {timeout})")
+    p.add_argument("--no-write", action="store_true",
+                   help="print the summary; leave the results and docs alone")
+
+
+def _shard(items: list, spec: str) -> list:
+    if not spec:
+        return items
+    i, n = (int(x) for x in spec.split("/"))
+    if not 0 <= i < n:
+        raise SystemExit(f"--shard {spec}: need 0 <= I < N")
+    return items[i::n]
+
+
+def _progress(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, file=sys.stderr)
+
+
+def main(args) -> int:
+    _env.quiet()
+    import torch_tpu  # noqa: F401  (registers the device)
+
+    return {"ops": _ops, "models": _models, "report": _report}[args.what](args)
+
+
+def _ops(args) -> int:
+    from . import ops, report, worker
+
+    dtypes = [d for d in args.dtype.split(",") if d]
+    bad = [d for d in dtypes if d not in ops.DTYPES]
+    if bad:
+        raise SystemExit(f"unknown dtype(s) {bad}; choose from {list(ops.DTYPES)}")
+    selected = _shard(ops.select([n for n in args.ops.split(",") if n]), args.shard)
+    stored = report.load("ops", args.mode)
+    failed = None
+    if args.rerun_failed:
+        failed = {(n, d) for n, by in stored["results"].items() for d, r in by.items()
+                  if r["status"] == "fail"}
+        selected = [o for o in selected if any((ops.op_name(o), d) in failed for d in dtypes)]
+    run = report.new_run()
+    done = {}
+
+    def on_result(name, dtype, r):
+        done.setdefault(name, {})[dtype] = r
+        if not args.no_write:
+            report.merge("ops", args.mode, {name: {dtype: r}}, run)
+
+    units = [(ops.op_name(o), d) for o in selected for d in dtypes
+             if failed is None or (ops.op_name(o), d) in failed]
+    with _progress(len(units), f"validate ops ({args.mode})") as bar:
+        if args.in_process:
+            if failed is not None:
+                raise SystemExit("--rerun-failed runs in a child process only")
+            ops.sweep(selected, dtypes, args.mode, grad=not args.no_grad,
+                      timeout=args.timeout, progress=bar, on_result=on_result)
+        else:
+            options = {"mode": args.mode, "grad": not args.no_grad, "timeout": args.timeout}
+            worker.run_isolated("ops", units, options, lambda u, r: on_result(u[0], u[1], r),
+                                bar, hard_timeout=2 * args.timeout + 120)
+    print(_ops_brief(done, dtypes))
+    if not args.no_write:
+        _write_docs(args.mode)
+    return 0
+
+
+def _ops_brief(results, dtypes) -> str:
+    from . import report
+
+    s = report.ops_summary(results, dtypes)
+    lines = [f"this run: {s['tpu_pass']}/{s['cpu_pairs']} op x dtype pairs that run on CPU pass "
+             f"on tpu ({100 * s['rate']:.1f}%)"]
+    for name, by in sorted(results.items()):
+        for d, r in sorted(by.items()):
+            if r["status"] == "fail":
+                lines.append(f"  FAIL {name} {d}: {r.get('kind')}: {r.get('detail', '')[:160]}")
+    return "\n".join(lines)
+
+
+def _models(args) -> int:
+    from . import models, report, worker
+
+    types = models.model_types()
+    if args.types:
+        want = [t for t in args.types.split(",") if t]
+        unknown = [t for t in want if t not in types]
+        if unknown:
+            raise SystemExit(f"unknown model type(s): {', '.join(unknown)}")
+        types = {t: types[t] for t in want}
+    keys = _shard(list(types), args.shard)
+    types = {k: types[k] for k in keys}
+    write = not (args.no_write or args.cpu_only)
+    run = report.new_run()
+    done = {}
+
+    def on_result(mt, r):
+        done[mt] = r
+        from tqdm import tqdm
+
+        tqdm.write(f"{mt}: {r['status']} {r.get('error', '')} {r.get('detail', '')[:140]}",
+                   file=sys.stderr)
+        if write:
+            report.merge("models", args.mode, {mt: r}, run)
+
+    with _progress(len(types), f"validate models ({args.mode})") as bar:
+        if args.in_process:
+            models.sweep(types, args.mode, timeout=args.timeout, progress=bar,
+                         on_result=on_result, cpu_only=args.cpu_only)
+        else:
+            options = {"mode": args.mode, "timeout": args.timeout, "cpu_only": args.cpu_only}
+            worker.run_isolated("models", [(t, None) for t in types], options,
+                                lambda u, r: on_result(u[0], {**_arch(types, u[0]), **r}),
+                                bar, hard_timeout=2 * args.timeout + 120)
+    s = report.models_summary(done)
+    print(f"this run: {s['types']} types, {s['cpu_ran']} run on CPU, {s['tpu_pass']} match on "
+          f"tpu; " + ", ".join(f"{k} {n}" for k, n in s["status"].most_common()))
+    if write:
+        _write_docs(args.mode)
+    return 0
+
+
+def _arch(types, mt) -> dict:
+    task, cls_name = types[mt]
+    return {"task": task, "arch": cls_name}
+
+
+def _report(args) -> int:
+    _write_docs(args.mode)
+    return 0
+
+
+def _write_docs(mode: str) -> None:
+    from . import models, ops, report
+
+    dtypes = list(ops.DTYPES)
+    suffix = "" if mode == "strict" else f"-{mode}"
+    o, m = report.load("ops", mode), report.load("models", mode)
+    if o["results"]:
+        report.write_docs(f"validate-ops{suffix}", f"OpInfo sweep ({mode})",
+                          report.ops_markdown(o, dtypes, mode), o["meta"]["runs"])
+        if mode == "strict":
+            report.write_expected_failures(o["results"])
+    if m["results"]:
+        report.write_docs(f"validate-models{suffix}", f"Model-zoo sweep ({mode})",
+                          report.models_markdown(m, mode, models.timm_status()),
+                          m["meta"]["runs"])
+    if mode == "strict":
+        report.plot(o if o["results"] else None, m if m["results"] else None, dtypes)

@@ -1,0 +1,47 @@
+"""Every tolerance the sweeps use, in one place.
+
+tpu results are compared with CPU eager's. Forward results of each dtype are held to the
+table that Debug mode's CPU shadow check uses too (torch_tpu/_tolerances.py, where the
+values are explained); integers and bools must match exactly. The rest here is the sweeps'
+own: gradients, random ops and whole models.
+"""
+from __future__ import annotations
+
+import torch
+
+from torch_tpu._tolerances import BY_DTYPE
+
+# dtype -> (rtol, atol) for forward results
+FORWARD = BY_DTYPE
+
+# gradients run a second program (the backward) over the forward's results: twice the
+# rounding, so twice the tolerance
+GRAD_FACTOR = 2.0
+
+# random ops: tpu's mean may sit this many standard errors from CPU's pooled mean
+RANDOM_Z = 6.0
+# random ops: CPU's reference is pooled over this many seeds, to estimate the support
+RANDOM_SEEDS = 4
+# random ops: tpu's [min, max] may exceed CPU's pooled range by this fraction of its width
+RANDOM_RANGE_SLACK = 0.25
+
+# models: logits of a 2-layer width-64 network with random weights, in float32
+MODEL_LOGITS = (1e-3, 1e-4)
+MODEL_GRADS = (1e-2, 1e-4)
+
+
+def forward(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) for a result of `dtype`; exact for integers and bools."""
+    return FORWARD.get(dtype, (0.0, 0.0))
+
+
+def grad(dtype: torch.dtype) -> tuple[float, float]:
+    rtol, atol = forward(dtype)
+    return rtol * GRAD_FACTOR, atol * GRAD_FACTOR
+
+
+def loosest(*dtypes) -> tuple[float, float]:
+    """An op computed in a sample's dtype and returned in another (bf16 in, f32 out) is
+    held to the looser of the two."""
+    pairs = [forward(d) for d in dtypes if d is not None]
+    return max(p[0] for p in pairs), max(p[1] for p in pairs)

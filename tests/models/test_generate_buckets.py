@@ -1,0 +1,59 @@
+"""HF `generate()` on tpu compiles per bucket of its length, not per token (issue 15, item 3).
+
+Each test runs tests/user_code/generate_lengths.py (a user's generation script, "cuda" made
+"tpu") in a fresh process, and counts the programs each call compiled (stable, unlike
+times). Every result is compared with the same call on CPU (greedy) or with transformers'
+own decoding loop on tpu (sampled: same generator, same draws)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).parents[1] / "user_code" / "generate_lengths.py"
+MODES = ("strict", "defer_and_fuse", "static")
+
+
+def _generate(mode, lengths, *flags):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--mode", mode, "--lengths", lengths, *flags],
+                          capture_output=True, text=True, timeout=500, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    *calls, summary = rows
+    assert summary["unbucketed"] == {} and summary["bucketed"] == len(calls), summary
+    assert all(c["equal"] for c in calls), calls
+    return calls
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_256_tokens_compile_at_most_twice_16_then_shorter_calls_nothing(mode):
+    """The issue's bound: a fresh process's 256-token call compiles at most 2x what a fresh
+    16-token call does, and after it no call of any length up to 256 compiles anything."""
+    (short,) = _generate(mode, "16")
+    long, *after = _generate(mode, "256,16,100,255,7")
+    assert long["shape"] == [1, 264] and short["shape"] == [1, 24]
+    assert long["programs"] <= 2 * short["programs"], (short, long)
+    assert [c["programs"] for c in after] == [0] * len(after), after
+
+
+def test_sampled_generate_draws_as_transformers_loop_and_stays_bounded():
+    """do_sample with top-k/top-p on the tpu generator, with a streamer: the bucketed loop
+    draws exactly the tokens transformers' own loop draws on tpu, the streamer gets what it
+    gets there, and a longer length in the same bucket (8 + 20 and 8 + 24 tokens: capacity
+    32) compiles nothing."""
+    first, second = _generate("strict", "20,24", "--sample")
+    assert second["programs"] == 0, (first, second)
+
+
+@pytest.mark.parametrize("mode", ("debug", "defer_and_fuse", "static"))
+def test_padded_batch_with_eos_equals_cpu(mode):
+    """A batch of two, one prompt left-padded, an EOS that one row reaches early:
+    sequences equal CPU's, the returned scores are CPU's within 1e-4, and a second call in
+    the same bucket compiles nothing."""
+    first, second = _generate(mode, "16,20", "--batch-eos")
+    assert first["eos_rows"] == 1 and first["scores_close"] and second["scores_close"], first
+    assert second["programs"] == 0, second

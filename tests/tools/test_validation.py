@@ -1,0 +1,161 @@
+"""A fixed, representative subset of both sweeps (`python -m torch_tpu validate`), run in
+the default test run: about 60 OpInfo ops (the first samples of each, forward and
+gradient) and 15 transformers architectures, in Strict mode, plus the judges themselves.
+
+Known failures come from the generated src/torch_tpu/validation/expected_failures.json
+(ops) and docs/validation/models-strict.json (models): they are strict xfails, so a fix
+shows up as XPASS until the sweep is rerun and the file regenerated.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_tpu_tools.validation import compare, ops, report, shrink
+
+# one or two ops of each family: pointwise, comparison, reduction, (values, indices),
+# linear algebra, nn, random, shape, indexing, creation
+OPS = """add sub mul div.no_rounding_mode pow exp log sin tanh sigmoid abs neg clamp where
+maximum eq lt logical_and sum mean amax var cumsum argmax all any max.reduction_with_dim sort
+topk matmul bmm addmm softmax log_softmax nn.functional.gelu nn.functional.silu
+nn.functional.relu nn.functional.layer_norm nn.functional.embedding
+nn.functional.cross_entropy nn.functional.conv2d nn.functional.linear
+nn.functional.scaled_dot_product_attention nn.functional.dropout bernoulli randint cat stack
+reshape permute transpose expand index_select gather scatter index_put masked_fill tril flip
+nonzero arange""".split()
+# the ops also checked beyond float32
+MORE_DTYPES = {"add": ["bfloat16", "int64", "bool"], "mul": ["bfloat16", "int64"],
+               "sum": ["bfloat16", "int64", "bool"], "where": ["int64", "bool"],
+               "eq": ["int64", "bool"], "sort": ["bfloat16", "int64"],
+               "matmul": ["bfloat16"], "softmax": ["bfloat16"], "cat": ["int64", "bool"],
+               "argmax": ["int64"], "index_select": ["int64"], "cumsum": ["int64"]}
+SAMPLES = 4  # the first samples of each op: the full sweep runs all of them
+
+MODELS = ["llama", "gpt2", "bert", "t5", "mistral", "qwen2", "mixtral", "opt", "roberta",
+          "distilbert", "vit", "resnet", "convnext", "whisper", "gemma"]
+
+_XFAIL = report.load_expected_failures()
+
+
+def _op_params():
+    by_name = {ops.op_name(o): o for o in ops.op_db()}
+    params = []
+    for name in OPS:
+        for d in ["float32", *MORE_DTYPES.get(name, [])]:
+            marks = []
+            reason = _XFAIL.get(name, {}).get(d)
+            if reason:
+                marks.append(pytest.mark.xfail(reason=reason, strict=True))
+            params.append(pytest.param(by_name[name], d, id=f"{name}-{d}", marks=marks))
+    return params
+
+
+@pytest.mark.slow  # the OpInfo subset (the op-family tests cover each op in --fast)
+@pytest.mark.parametrize("opinfo, dtype", _op_params())
+def test_op_matches_cpu(opinfo, dtype):
+    r = ops.check_pair(opinfo, dtype, "strict", max_samples=SAMPLES)
+    if r["status"] in ("unsupported", "cpu_fail"):
+        pytest.skip(f"{dtype} does not run on CPU")
+    assert r["status"] == "pass", f"{r.get('kind')}: {r.get('detail')}"
+
+
+def _model_params():
+    from torch_tpu_tools.validation import models
+
+    known = report.load("models", "strict")["results"]
+    types = models.model_types()
+    params = []
+    for mt in MODELS:
+        prev = known.get(mt, {})
+        marks = []
+        if prev.get("status") not in (None, "pass", "cpu_fail"):
+            marks.append(pytest.mark.xfail(reason=f"{prev.get('error')}: {prev.get('detail')}",
+                                           strict=True))
+        params.append(pytest.param(mt, *types[mt], id=mt, marks=marks))
+    return params
+
+
+@pytest.mark.slow  # the model-zoo subset: a model per case
+@pytest.mark.parametrize("model_type, task, arch", _model_params())
+def test_model_matches_cpu(model_type, task, arch):
+    from torch_tpu_tools.validation import models
+
+    r = models.check_model(model_type, task, arch, "strict", timeout=None)
+    assert r["status"] == "pass", f"{r.get('error')}: {r.get('detail')} ({r.get('tried', '')})"
+    if task == "causal-lm":
+        assert r["backward"], "the causal LM took no backward step"
+
+
+# ---------------------------------------------------------------- the judges
+def test_random_results_are_judged_on_statistics():
+    g = torch.Generator().manual_seed(0)
+    cpu = [torch.rand(1000, generator=g) for _ in range(4)]
+    assert compare.statistics_close(cpu, torch.rand(1000, generator=g)) is None
+    assert "range" in compare.statistics_close(cpu, 2 * torch.rand(1000, generator=g))
+    assert "mean" in compare.statistics_close(cpu, torch.rand(1000, generator=g) ** 2)
+    assert "float64" in compare.statistics_close(cpu, torch.rand(1000, dtype=torch.float64))
+
+
+def test_sort_indices_may_differ_on_ties_but_must_be_valid():
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    x = torch.tensor([[3.0, 1.0, 3.0, 2.0]])
+    sample = SampleInput(x, args=(1, True))  # dim=1, descending
+    want = torch.sort(x, 1, True)
+    tied = torch.return_types.sort((want.values, torch.tensor([[2, 0, 3, 1]])))
+    assert compare.indexed_close("sort", sample, want, tied, torch.float32) == (None, False)
+    wrong = torch.return_types.sort((want.values, torch.tensor([[2, 3, 0, 1]])))
+    reason, _ = compare.indexed_close("sort", sample, want, wrong, torch.float32)
+    assert reason and "tpu indices" in reason
+
+
+def test_decompositions_are_compared_up_to_their_gauge():
+    a = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    u, s, vh = torch.linalg.svd(a, full_matrices=False)
+    flipped = (-u, s, -vh)
+    assert compare.values_close((u, s, vh), flipped, torch.float32) is not None
+    assert compare.gauge_close("linalg.svd", (u, s, vh), flipped, torch.float32) is None
+    assert compare.gauge_close("linalg.svd", (u, s, vh), (u, 2 * s, vh), torch.float32)
+
+
+def test_tolerances_are_exact_for_integers():
+    assert compare.values_close(torch.tensor([1, 2]), torch.tensor([1, 3]), torch.int64)
+    assert compare.values_close(torch.tensor([1.0]), torch.tensor([1.00001]), torch.float32) is None
+
+
+def test_shrinker_makes_every_size_small_and_keeps_hybrid_layer_kinds():
+    from transformers import LlamaConfig
+
+    d = shrink.shrink_dict(LlamaConfig().to_dict(), "tiny")
+    assert (d["hidden_size"], d["num_hidden_layers"], d["num_attention_heads"],
+            d["intermediate_size"]) == (64, 2, 4, 128)
+    hybrid = {"num_hidden_layers": 8, "layer_types": ["linear"] * 5 + ["full"] * 3}
+    d = shrink.shrink_dict(hybrid, "layers")
+    assert d["layer_types"] == ["linear", "linear", "full"] and d["num_hidden_layers"] == 3
+    d = shrink.shrink_dict({"hidden_size": 768, "intermediate_size": 3072, "head_dim": 64,
+                            "num_attention_heads": 12}, "scaled")
+    assert (d["hidden_size"], d["intermediate_size"], d["head_dim"]) == (48, 192, 4)
+    assert d["num_attention_heads"] == 12
+
+
+def test_expected_failures_file_is_generated_op_dtype_reason():
+    data = json.loads(report.EXPECTED_FAILURES.read_text())
+    assert "_generated" in data
+    for op, by_dtype in report.load_expected_failures().items():
+        assert set(by_dtype) <= set(ops.DTYPES), op
+        assert all(isinstance(r, str) and r for r in by_dtype.values()), op
+
+
+@pytest.mark.slow
+def test_cli_validate_ops_runs_in_a_child_and_reports():
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    r = subprocess.run([sys.executable, "-m", "torch_tpu", "validate", "ops", "--ops", "abs",
+                        "--dtype", "float32,int64", "--no-write"], capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2/2 op x dtype pairs that run on CPU pass on tpu" in r.stdout
