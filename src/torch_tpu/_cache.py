@@ -34,7 +34,7 @@ import warnings
 
 import jax
 
-from . import _config
+from . import _config, _jax_internals
 
 _MAGIC = b"TTPU1"
 _DIGEST = 32
@@ -100,8 +100,6 @@ class _CheckedCache:
 def setup(path: str | os.PathLike | None = None) -> pathlib.Path | None:
     """Turn the persistent cache on at `path` (default: from TORCH_TPU_CACHE_DIR). Call
     before the first compile; torch_tpu calls it on import. Returns the directory."""
-    from jax._src import compilation_cache as cc
-
     _listen()
     target = pathlib.Path(path) if path is not None else _config.get("TORCH_TPU_CACHE_DIR")
     if target is None:
@@ -116,24 +114,15 @@ def setup(path: str | os.PathLike | None = None) -> pathlib.Path | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_raise_persistent_cache_errors", False)
-    with cc._cache_initialized_mutex:
-        cc._cache = cache
-        cc._cache_initialized = True
-        cc._cache_checked = False  # re-evaluate "is the cache used" for the new directory
+    _jax_internals.set_persistent_cache(cache)
     _state["dir"] = target
     return target
 
 
 def disable() -> None:
     """Turn the persistent cache off (executables compiled from now on stay in memory)."""
-    from jax._src import compilation_cache as cc
-
     jax.config.update("jax_compilation_cache_dir", None)
-    with cc._cache_initialized_mutex:
-        cc._cache = None
-        cc._cache_initialized = False
-        cc._cache_checked = False
-        cc._cache_used = False
+    _jax_internals.set_persistent_cache(None)
     _state["dir"] = None
 
 
@@ -156,17 +145,16 @@ def _listen() -> None:
     if _state["listening"]:
         return
     _state["listening"] = True
-    from jax._src import monitoring
-    from jax._src.dispatch import BACKEND_COMPILE_EVENT
-
     from . import metrics
 
+    cache_hit, backend_compile = _jax_internals.compile_events()
+
     def on_event(event, **kwargs):
-        if event == "/jax/compilation_cache/cache_hits":
+        if event == cache_hit:
             _hit.flag = True
 
     def on_duration(event, seconds, **kwargs):
-        if event == BACKEND_COMPILE_EVENT:
+        if event == backend_compile:
             # one event per executable obtained, after the cache lookup inside it
             disk = getattr(_hit, "flag", False)
             if disk:
@@ -179,5 +167,5 @@ def _listen() -> None:
             if events is not None:
                 events.append((disk, seconds))
 
-    monitoring.register_event_listener(on_event)
-    monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+    jax.monitoring.register_event_duration_secs_listener(on_duration)

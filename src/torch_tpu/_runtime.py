@@ -32,7 +32,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from . import _C, _config, metrics  # noqa: E402
+from . import _C, _config, _jax_internals, metrics  # noqa: E402
 
 TORCH_TO_JAX = {
     torch.float32: jnp.dtype(jnp.float32),
@@ -300,25 +300,20 @@ def direct_call(jitted, args, profiling=None):
     argument layouts, arguments other than jax.Arrays, outputs other than a flat list or
     tuple or a pair of flat lists (a compiled graph's results and new buffers). While
     `profiling[0]` is true the direct call defers to jit, whose calls a device trace names."""
-    from jax._src import array, dispatch  # (private: jaxlib 0.10.2's own pieces, pinned)
-
-    if not _DIRECT or any(type(a) is not array.ArrayImpl for a in args):
+    array_type = _jax_internals.ArrayImpl
+    if not _DIRECT or any(type(a) is not array_type for a in args):
         return jitted
     try:
         compiled = jitted.lower(*args).compile()  # (jax's caches: ~0.3 ms)
-        call = compiled._executable.unsafe_call
-        handlers = list(call.out_handler.handlers)
-        split = _out_split(compiled.out_tree, len(handlers))
-        plain = (split is not None
-                 and not (call.ordered_effects or call.has_unordered_effects
-                          or call.has_host_callbacks or dispatch.needs_check_special())
-                 and call.mut is None and call.pgle_profiler is None
-                 and all(x is None for x in call.in_handler.in_layouts))
-        if not plain:
+        parts = _jax_internals.plain_call(compiled)
+        if parts is None:
             return jitted
-        fn = _C.DirectCall(jitted, call.xla_executable, tuple(sorted(call.kept_var_idx)), handlers,
-                           array.ArrayImpl, metrics.counters, "direct.fallbacks", len(args), split,
-                           profiling)
+        executable, kept, handlers = parts
+        split = _out_split(compiled.out_tree, len(handlers))
+        if split is None:
+            return jitted
+        fn = _C.DirectCall(jitted, executable, kept, handlers, array_type, metrics.counters,
+                           "direct.fallbacks", len(args), split, profiling)
     except AttributeError:  # another jax's internals: keep jit's own call
         return jitted
     metrics.counters["direct.programs"] += 1

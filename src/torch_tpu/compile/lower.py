@@ -25,9 +25,8 @@ import operator
 import jax
 import jax.numpy as jnp
 import torch
-from jax._src.lax import lax as _lax_internal
 
-from .. import _runtime, _storage
+from .. import _jax_internals, _runtime, _storage
 from ..lowering import registry
 from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST,
                                TENSOR_LIST, OpSchema)
@@ -76,7 +75,7 @@ def _weak(v):
     there, a constant here), so promotion inside lowerings is the same in both."""
     if isinstance(v, bool) or not isinstance(v, (int, float, complex)):
         return v
-    return _lax_internal._convert_element_type(v, weak_type=True)
+    return _jax_internals.convert_element_type(v, weak_type=True)
 
 
 def _jaxify(v, kind):

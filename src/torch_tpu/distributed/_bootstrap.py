@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 
-from .. import _config
+from .. import _config, _jax_internals
 from . import _liveness
 
 _state = {"rank": None, "world": None, "host": None, "crashed": None, "hooks": False,
@@ -68,9 +68,7 @@ def host() -> str:
 
 
 def backend_started() -> bool:
-    from jax._src import xla_bridge
-
-    return xla_bridge.backends_are_initialized()
+    return _jax_internals.backends_are_initialized()
 
 
 def _env_int(name: str, default: int) -> int:
@@ -135,19 +133,12 @@ def _use_gloo_on(host: str) -> None:
     job talks over loopback only. Installed as JAX's "cpu" backend factory, which runs when
     the backend starts, after the distributed client exists."""
     import jax
-    from jax._src import distributed as jdist
-    from jax._src import xla_bridge as xb
-    from jax._src.lib import _jax
+    import jax.extend.backend
 
     if jax.config.jax_cpu_collectives_implementation not in (None, "gloo"):
         return
-
-    def make_cpu_client():
-        collectives = _jax.make_gloo_tcp_collectives(
-            distributed_client=jdist.global_state.client, hostname=host)
-        return xb.make_cpu_client(collectives=collectives)
-
-    xb.register_backend_factory("cpu", make_cpu_client, priority=0, fail_quietly=False)
+    jax.extend.backend.register_backend_factory(
+        "cpu", lambda: _jax_internals.gloo_cpu_client(host), priority=0, fail_quietly=False)
 
 
 def initialize(store, rank_: int, world: int, timeout: float) -> None:

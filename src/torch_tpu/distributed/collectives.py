@@ -36,7 +36,7 @@ import torch.distributed as dist
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .. import _config, _runtime
+from .. import _config, _jax_internals, _runtime
 from . import _algorithms as A
 
 AXIS = A.AXIS
@@ -116,21 +116,21 @@ class GroupMesh:
         return self.glob(self.chain.token)
 
 
+_ArrayImpl = _jax_internals.ArrayImpl  # bound once: `_global` runs for every collective
+
+
 def _global(sharding, size, local):
     aval = jax.core.ShapedArray((local.shape[0] * size,), local.dtype)
     try:
         return _ArrayImpl(aval, sharding, [local], committed=True, _skip_checks=True)
-    except TypeError:  # a jax without the private fast path
+    except TypeError:  # a jax without the private fast path (_jax_internals.py)
         return jax.make_array_from_single_device_arrays(aval.shape, sharding, [local])
-
-
-from jax._src.array import ArrayImpl as _ArrayImpl  # noqa: E402  (fast path, see _global)
 
 
 def local(arr):
     """This process's block of a group-wide array."""
     try:
-        return arr._arrays[0]  # what addressable_data(0) wraps, without a new wrapper
+        return arr._arrays[0]  # what addressable_data(0) wraps, without a new wrapper (private)
     except AttributeError:
         return arr.addressable_data(0)
 

@@ -26,8 +26,8 @@ product into the add after it. What follows torch's fused kernels rather than fo
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax._src.lax import lax as _lax_internal
 
+from .. import _jax_internals
 from . import pointwise  # noqa: F401  (registers the element ops used below)
 from ._dtypes import to_opmath
 from .registry import LOWERINGS, aten, lowering, traced_floats
@@ -72,8 +72,8 @@ def _number(x):
     a traced scalar (eager), a constant (a compiled graph) or a 0-dim array (the tensor-lr
     overloads, a step count); weakly typed float64 is what the elementwise lowerings read
     as a Python number, which never promotes a tensor, not even a 0-dim parameter."""
-    return _lax_internal._convert_element_type(jnp.asarray(x), jnp.dtype(jnp.float64),
-                                              weak_type=True)
+    return _jax_internals.convert_element_type(jnp.asarray(x), jnp.dtype(jnp.float64),
+                                               weak_type=True)
 
 
 def _check_lengths(name, n, **lists):

@@ -1,0 +1,120 @@
+"""Every private JAX piece torch_tpu uses, and the one module that imports them.
+
+JAX keeps its implementation in `jax._src` and jaxlib's bindings (`jaxlib._jax`), which
+change without notice between releases, so a JAX upgrade starts here. Each piece below is
+one that no public API offers; all were read in jax and jaxlib JAX_VERSION, the version
+pyproject.toml pins. `check_version()` fails on any other version, and
+tests/unit/test_jax_internals.py resolves every piece on the installed JAX and fails on a
+private JAX import anywhere else in the package. The pieces the package used to import
+inside a function (at setup, at the backend's start) are still imported only when called.
+
+  - `ArrayImpl` (jax._src.array), jax.Array's one concrete type. _runtime.direct_call:
+    csrc/direct.cpp takes only this exact type and returns it (a subclass check would pass
+    tracers' and other arrays' types). distributed/collectives: `_global` builds the
+    group-wide array from this process's block with `ArrayImpl(aval, sharding, [block],
+    committed=True, _skip_checks=True)`, and `local` reads back `arr._arrays[0]`, skipping
+    the per-call checks and the new wrapper of make_array_from_single_device_arrays and
+    addressable_data(0); both fall back to the public call on another JAX.
+  - `convert_element_type` (jax._src.lax.lax._convert_element_type, with `weak_type=`).
+    compile/lower._weak and lowering/optim._number: a Python number as a weakly typed JAX
+    scalar, which promotes like a Python number inside the lowerings (what a traced scalar
+    is in eager). lax.convert_element_type has no `weak_type` argument.
+  - `plain_call(compiled)` (jax.stages.Compiled's `_executable.unsafe_call`, an
+    ExecuteReplicated, and jax._src.dispatch.needs_check_special). _runtime.direct_call: the
+    LoadedExecutable, the argument indices it reads and the result handlers, which
+    csrc/direct.cpp calls through jaxlib's `execute_sharded` and `consume_with_handlers`,
+    and whether jit's own call does more (effects, callbacks, NaN checks, layouts). The
+    public Compiled object exposes none of these.
+  - `set_persistent_cache(cache)` (jax._src.compilation_cache's `_cache` and its flags).
+    _cache.setup and disable: _CheckedCache (checksums, atomic writes) as JAX's cache
+    backend. The public settings choose only a directory for JAX's own backend.
+  - `compile_events()` (jax._src.dispatch.BACKEND_COMPILE_EVENT, jax._src.compiler's
+    "/jax/compilation_cache/cache_hits"). _cache._listen counts compiles and disk hits
+    from them. Public jax.monitoring delivers the events, but their names are not public.
+  - `backends_are_initialized()` (jax._src.xla_bridge). distributed/_bootstrap: whether
+    the backend has started, without starting it (jax.devices() and
+    jax.extend.backend.backends() start it), as jax.distributed.initialize must come first.
+  - `gloo_cpu_client(hostname)` (jaxlib _jax.make_gloo_tcp_collectives,
+    jax._src.distributed.global_state.client, jax._src.xla_bridge.make_cpu_client).
+    distributed/_bootstrap._use_gloo_on: XLA:CPU's gloo collectives listening on a chosen
+    address (loopback for a one-machine job). `jax_cpu_collectives_implementation="gloo"`
+    takes no address.
+"""
+from __future__ import annotations
+
+import jax
+import jaxlib
+# both modules are loaded by `import jax` itself: importing them here costs nothing
+from jax._src.array import ArrayImpl  # noqa: F401  (re-exported)
+from jax._src.lax.lax import _convert_element_type as convert_element_type  # noqa: F401
+
+JAX_VERSION = "0.10.2"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # a literal in jax._src.compiler
+
+
+def check_version() -> None:
+    """Raise unless the installed jax and jaxlib are JAX_VERSION, the version every piece
+    here was read in."""
+    found = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    wrong = {name: v for name, v in found.items() if v != JAX_VERSION}
+    if wrong:
+        raise RuntimeError(
+            f"torch_tpu's private JAX pieces were checked against jax and jaxlib {JAX_VERSION}, "
+            f"but found {wrong}: check each piece in torch_tpu/_jax_internals.py against the "
+            "new version, then update JAX_VERSION")
+
+
+def plain_call(compiled):
+    """(LoadedExecutable, sorted indices of the arguments it reads, list of result
+    handlers) of a jit-compiled program, or None when jit's call does more than run it:
+    effects, host callbacks, NaN/Inf checks, mutable arrays, profile-guided recompiles,
+    argument layouts. Raises AttributeError on another JAX's internals."""
+    from jax._src import dispatch
+
+    call = compiled._executable.unsafe_call
+    if (call.ordered_effects or call.has_unordered_effects or call.has_host_callbacks
+            or dispatch.needs_check_special() or call.mut is not None
+            or call.pgle_profiler is not None
+            or any(x is not None for x in call.in_handler.in_layouts)):
+        return None
+    return call.xla_executable, tuple(sorted(call.kept_var_idx)), list(call.out_handler.handlers)
+
+
+def set_persistent_cache(cache) -> None:
+    """Make `cache` (get(key) -> bytes | None, put(key, bytes)) JAX's persistent
+    compilation cache, or none with None. JAX evaluates again whether it uses the cache."""
+    from jax._src import compilation_cache as cc
+
+    with cc._cache_initialized_mutex:
+        cc._cache = cache
+        cc._cache_initialized = cache is not None
+        cc._cache_checked = False
+        if cache is None:
+            cc._cache_used = False
+
+
+def compile_events() -> tuple[str, str]:
+    """(the event JAX records when an executable is loaded from the persistent cache, the
+    duration event it records once for each executable it obtains, after that lookup)."""
+    from jax._src.dispatch import BACKEND_COMPILE_EVENT
+
+    return CACHE_HIT_EVENT, BACKEND_COMPILE_EVENT
+
+
+def backends_are_initialized() -> bool:
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def gloo_cpu_client(hostname: str):
+    """A CPU client whose cross-process collectives (gloo) listen on `hostname`, wired to
+    JAX's distributed client (jax.distributed.initialize must have run)."""
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    make_collectives, make_client = _jax.make_gloo_tcp_collectives, xla_bridge.make_cpu_client
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("gloo_cpu_client: JAX's distributed runtime is not initialized")
+    return make_client(collectives=make_collectives(distributed_client=client, hostname=hostname))
