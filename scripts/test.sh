@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run the test suite. Arguments go to pytest, e.g.
-# `bash scripts/test.sh -k add -x`, or `bash scripts/test.sh tests/test_cli.py` to run
+# `bash scripts/test.sh -k add -x`, or `bash scripts/test.sh tests/tools/test_cli.py` to run
 # only the paths given. `--fast` (the edit loop, a few minutes) leaves out the tests
 # marked slow or distributed (pyproject.toml); CI runs everything, on two pytest workers
 # (pytest-xdist; a later `-n 0` of the caller runs it in one process). "No tests collected"

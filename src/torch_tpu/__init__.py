@@ -48,7 +48,8 @@ _integrations.install()  # HF accelerate learns the device when it is imported
 set_cpu_fallback = _dispatch.set_cpu_fallback
 
 from . import _precision, _program_cache, profiler  # noqa: E402
-from ._program_cache import CacheMissError, RecompileWarning, set_cache_only  # noqa: E402
+from ._program_cache import CacheMissError, set_cache_only  # noqa: E402
+from ._recompiles import RecompileWarning  # noqa: E402
 
 torch_tpu_module.precision = _precision.precision  # torch.tpu.precision("high"): one block
 torch_tpu_module.compile_cache_stats = _program_cache.stats

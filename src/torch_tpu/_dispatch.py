@@ -24,11 +24,6 @@ _LIB = torch.library.Library("aten", "IMPL")
 _FALLBACK_LIB = torch.library.Library("_", "IMPL")
 _PLANS: dict = {}
 
-# ops with hand-written kernels below, never auto-registered from the table
-_CUSTOM = {"copy_", "_copy_from", "_copy_from_and_resize", "_local_scalar_dense", "_to_copy",
-           "empty", "empty_strided", "resize_", "set_", "as_strided", "view", "_reshape_alias",
-           "unfold", "view_as_real", "view_as_complex"}
-
 
 def plan_for(op) -> OpPlan:
     plan = _PLANS.get(op)
@@ -109,7 +104,7 @@ def register_op(op) -> None:
 
 
 def _register(op, kernel, seen):
-    if op.overloadpacket.__name__ in _CUSTOM or op in _FILLS or op in seen:
+    if op.overloadpacket.__name__ in _HAND_WRITTEN or op in _FILLS or op in seen:
         return
     seen.add(op)
     schema = op._schema
@@ -250,11 +245,18 @@ def fallback(op, *args, **kwargs):
         f"torch_tpu.set_cpu_fallback(True) to run it on CPU instead (slow).")
 
 
+# The ops whose kernels are hand-written, never registered from the lowering table: the
+# Python ones above, and the C++ ones (views, empty, resize_, set_), which csrc/tpu_ext.cpp
+# registers and lists as it does so.
+_PYTHON_KERNELS = {"copy_": copy_, "_copy_from": _copy_from,
+                   "_copy_from_and_resize": _copy_from_and_resize,
+                   "_local_scalar_dense": _local_scalar_dense}
+_HAND_WRITTEN = frozenset(_PYTHON_KERNELS) | frozenset(_C.NATIVE_KERNELS)
+
+
 def register() -> None:
     _register_table()
-    for name, fn in [("copy_", copy_), ("_copy_from", _copy_from),
-                     ("_copy_from_and_resize", _copy_from_and_resize),
-                     ("_local_scalar_dense", _local_scalar_dense)]:
+    for name, fn in _PYTHON_KERNELS.items():
         _LIB.impl(name, fn, "PrivateUse1")
     for op, value_of in _FILLS.items():
         _LIB.impl(op, _fill_kernel(op, value_of), "PrivateUse1")

@@ -1,5 +1,5 @@
 """Every patch of torch internals, in one place, each with the torch version it was written
-against and the signature of the function it wraps (tests/test_patches.py fails loudly
+against and the signature of the function it wraps (tests/unit/test_patches.py fails loudly
 when an upgrade changes one). After a torch upgrade, this file is the list to check.
 
 Each patch wraps the original and is applied at most once (`apply` is idempotent).

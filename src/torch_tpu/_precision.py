@@ -64,7 +64,7 @@ SENSITIVE: set = set()       # the lowerings whose programs depend on the settin
 def sensitive(fn):
     """Mark a lowering that calls for_matmul or for_conv: its programs are keyed by the
     precision (a lowering that calls them unmarked would keep a stale one: see
-    tests/test_precision.py, which checks every lowering of the product families)."""
+    tests/ops/test_precision.py, which checks every lowering of the product families)."""
     SENSITIVE.add(fn)
     return fn
 

@@ -18,11 +18,9 @@ it compiles here, and this module applies, once for all three:
   cache-only  `set_cache_only(True)` (serving after warm-up): a miss raises CacheMissError
               naming the op or graph, the user's line and what differed from the last
               program of the same op or graph
-  storms      a site (an op at one user line, a fused op sequence recorded up to one
-              line, a compiled graph) that has recompiled TORCH_TPU_RECOMPILE_WARN times
-              (default 8) for new shapes warns once (RecompileWarning, at the user's line), naming the dimension
-              that varies and the remedy; past three such sites (a model whose length
-              varies storms at every op) they are only listed, in stats()["storms"]
+  reasons     each program is compiled with the reason it differs from the last one of
+              its op, op sequence or graph, and a site that keeps compiling for new
+              shapes warns (RecompileWarning): _recompiles.py
   first call  XLA compiles a program on its first call; that call is timed, told whether
               the persistent cache had it (_cache.py), and, with TORCH_TPU_DUMP_DIR set,
               writes the program's StableHLO with its key and reason. Programs are named
@@ -48,7 +46,7 @@ import warnings
 import jax
 import torch
 
-from . import _cache, _config, _frames, _precision, _runtime, metrics
+from . import _cache, _config, _frames, _precision, _recompiles, _runtime, metrics
 
 OP, GRAPH, COMPILED = "op", "graph", "compiled"
 KINDS = (OP, GRAPH, COMPILED)
@@ -58,10 +56,6 @@ _MB = 1 << 20
 
 class CacheMissError(RuntimeError):
     """A program was missing in cache-only mode (`torch_tpu.set_cache_only(True)`)."""
-
-
-class RecompileWarning(UserWarning):
-    """One program site keeps compiling programs for new shapes."""
 
 
 class Program:
@@ -117,11 +111,6 @@ _limits = {"programs": _config.get("TORCH_TPU_PROGRAM_CACHE_MAX_PROGRAMS"),
            "bytes": _config.get("TORCH_TPU_PROGRAM_CACHE_MAX_MB") * _MB}
 _CACHE_ONLY = [False]
 PROFILING = [False]   # profiler.py: a device trace is being recorded
-_LAST: dict = {}      # (kind, what) -> (parts, precision) of the last program compiled for it
-_SITES: dict = {}     # storm site -> [shape recompiles, {(argument, dim): sizes seen}, warned]
-_MAX_SITES = 10000
-STORMS: list = []     # the sites that stormed: what, where, recompiles, what varies
-_STORMS_WARNED = 3    # a model whose sequence length varies storms at every op: warn 3
 _seq = itertools.count()
 _COUNT = metrics.counters
 _torch_profiling = torch._C._autograd._profiler_enabled
@@ -192,7 +181,7 @@ def _op_miss(plan, key, lookup, vals, prec, standalone):
     name = str(plan)
     line = _frames.user_line()
     where = _frames.location(*line)
-    reason, changes = _why((OP, plan), key[1], prec, plan.names)
+    reason, changes = _recompiles.why((OP, plan), key[1], prec, plan.names)
     if _CACHE_ONLY[0]:
         raise CacheMissError(f"torch_tpu cache-only mode: {name} (called at {where}) has no "
                              f"compiled program: {reason}")
@@ -222,7 +211,7 @@ def _op_miss(plan, key, lookup, vals, prec, standalone):
     # ops all name the user's backward() line, where a model's layers of different
     # shapes would read as one site recompiling; the forward's sites show real variation.
     if standalone and torch._C._current_graph_task_id() == -1:
-        _storm((OP, plan, where), name, line, changes)
+        _recompiles.storm((OP, plan, where), name, line, changes)
     _admit(rec, id(entry))
     return entry
 
@@ -242,15 +231,15 @@ def admit_graph(cache, key, nodes, body, donate, reason) -> Program:
     line = nodes[-1].frame
     where = _frames.location(*line) if line else "?"
     ops = tuple(n.entry.key[0] for n in nodes)
-    why, changes = _why((GRAPH, ops), tuple(n.entry.key[1] for n in nodes), None,
-                        [_node_label(i, n) for i, n in enumerate(nodes)], nested=True)
+    differs, changes = _recompiles.why((GRAPH, ops), tuple(n.entry.key[1] for n in nodes), None,
+                                       [_node_label(i, n) for i, n in enumerate(nodes)], nested=True)
     distinct = list(dict.fromkeys(str(op) for op in ops))
     if _CACHE_ONLY[0]:
         raise CacheMissError(
             f"torch_tpu cache-only mode: DeferAndFuse graph {name} of {len(nodes)} ops "
             f"({', '.join(distinct[:8])}{', ...' if len(distinct) > 8 else ''}; recorded up "
             f"to {where}) has no compiled program: "
-            f"{why if changes else reason or 'no graph of these ops was compiled'}")
+            f"{differs if changes else reason or 'no graph of these ops was compiled'}")
     rec = Program(GRAPH, name, where, cache, key, reason or "first graph of these ops")
     body.__name__ = body.__qualname__ = name
     rec.fn = jax.jit(body, donate_argnums=donate)
@@ -261,7 +250,8 @@ def admit_graph(cache, key, nodes, body, donate, reason) -> Program:
         for p in rec.pins:
             p.pinned += 1
     # a site: these ops, recorded up to this user line
-    _storm((GRAPH, ops, line), f"DeferAndFuse graph {name} ({len(nodes)} ops)", line, changes)
+    _recompiles.storm((GRAPH, ops, line), f"DeferAndFuse graph {name} ({len(nodes)} ops)", line,
+                      changes)
     _admit(rec, id(rec))
     return rec
 
@@ -276,14 +266,14 @@ def admit_compiled(cache, key, jitted, program, names) -> Program:
     """A torch.compile graph's executable for one input layout (`key`), stored by the
     caller in `cache`; `program` is its compile.program.Program (name, site)."""
     # (by name, not the Program: these tables must not keep a dropped graph alive)
-    reason, changes = _why((COMPILED, program.name), key[:-1], key[-1], names)
+    reason, changes = _recompiles.why((COMPILED, program.name), key[:-1], key[-1], names)
     if _CACHE_ONLY[0]:
         raise CacheMissError(f"torch_tpu cache-only mode: compiled graph {program.name} has "
                              f"no program for these inputs: {reason}")
     rec = Program(COMPILED, program.name, program.name, cache, key, reason, key[-1])
     rec.fn = jitted
     rec.label = (f"torch.compile {program.name}", {})
-    _storm((COMPILED, program.name), f"compiled graph {program.name}", None, changes)
+    _recompiles.storm((COMPILED, program.name), f"compiled graph {program.name}", None, changes)
     _admit(rec, id(rec))
     return rec
 
@@ -438,122 +428,6 @@ def _dump(folder, rec, fn, specs):
         warnings.warn(f"torch_tpu: cannot write the program dump {path}: {e}")
 
 
-# ---------------------------------------------------------------- reasons and storms
-def _why(what, parts, prec, names, nested=False):
-    """-> (why a program is compiled for `parts`, the shape changes against the last
-    one compiled for `what`); remembers `parts` as the last."""
-    last = _LAST.get(what)
-    if len(_LAST) > _MAX_SITES:
-        _LAST.clear()
-    _LAST[what] = (parts, prec)
-    if last is None:
-        return "first program for it in this process", []
-    old, old_prec = last
-    if old == parts and old_prec != prec:
-        return f"the float32 matmul/convolution precision changed from {old_prec} to {prec}", []
-    changes = []
-    if nested:  # per node: (label, argument names) each
-        for (label, argnames), a, b in zip(names, old, parts):
-            changes += _changes(a, b, argnames, label + " argument ")
-    else:
-        changes = _changes(old, parts, names, "argument ")
-    if changes:
-        shown = "; ".join(_show(c) for c in changes[:3])
-        return f"shapes changed: {shown}" + (" ..." if len(changes) > 3 else ""), changes
-    for i, (a, b) in enumerate(zip(old, parts)):
-        if a != b:
-            return f"argument {_name(names, i)} changed from {a!r:.200} to {b!r:.200}", []
-    return "the arguments changed", []
-
-
-def _name(names, i):
-    return f"`{names[i]}`" if i < len(names) else f"#{i}"
-
-
-def _is_spec(p):
-    return (isinstance(p, tuple) and len(p) >= 6 and isinstance(p[0], (tuple, torch.Size))
-            and all(type(s) is int for s in p[0]))
-
-
-def _changes(old, new, names, prefix):
-    """[(label, dim or None, old size, new size)] of the tensor shapes (and the size
-    arguments of compiled graphs) that differ between two keys' parts."""
-    out = []
-    if not (isinstance(old, tuple) and isinstance(new, tuple)) or len(old) != len(new):
-        return out
-    for i, (a, b) in enumerate(zip(old, new)):
-        label = prefix + _name(names, i)
-        if type(a) is int and type(b) is int and a != b:
-            out.append((label, None, a, b))
-        pairs = [(label, a, b)]
-        if (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and a
-                and not _is_spec(a) and all(x is None or _is_spec(x) for x in a)):
-            pairs = [(f"{label}[{j}]", x, y) for j, (x, y) in enumerate(zip(a, b))]
-        for lab, x, y in pairs:
-            if not (_is_spec(x) and _is_spec(y)):
-                continue
-            sx, sy = tuple(x[0]), tuple(y[0])
-            if len(sx) != len(sy):
-                out.append((lab, None, sx, sy))
-            else:
-                out += [(lab, d, p, q) for d, (p, q) in enumerate(zip(sx, sy)) if p != q]
-            if sx == sy and x[4] != y[4]:
-                out.append((lab + " storage", None, x[4], y[4]))
-    return out
-
-
-def _show(change):
-    label, dim, a, b = change
-    return f"{label} {'' if dim is None else f'dim {dim} '}{a} -> {b}"
-
-
-def _storm(site, what, line, changes):
-    """Count a compile caused by new shapes at `site`; warn once at the threshold, at the
-    user's `line` ((file, line); None: the caller's caller)."""
-    if not changes:
-        return
-    n_warn = _config.get("TORCH_TPU_RECOMPILE_WARN")
-    st = _SITES.get(site)
-    if st is None:
-        if len(_SITES) > _MAX_SITES:
-            _SITES.clear()
-        st = _SITES[site] = [0, {}, False]
-    st[0] += 1  # recompiles: programs after the site's first
-    for label, dim, a, b in changes:
-        seen = st[1].setdefault((label, dim), [])
-        for v in (a, b):
-            if v not in seen and len(seen) < 12:
-                seen.append(v)
-    if st[2] or not n_warn or st[0] < n_warn:
-        return
-    st[2] = True
-    _COUNT["programs.recompile_storms"] += 1
-    varying = "; ".join(
-        f"{label}{'' if dim is None else f' dim {dim}'} took {len(v)}"
-        f"{'+' if len(v) >= 12 else ''} sizes ({', '.join(map(str, v[:6]))}{', ...' if len(v) > 6 else ''})"
-        for (label, dim), v in list(st[1].items())[:4])
-    where = _frames.location(*line) if line else what
-    if len(STORMS) < 100:
-        STORMS.append({"what": what, "where": where, "recompiles": st[0], "varying": varying})
-    if len(STORMS) > _STORMS_WARNED:
-        return
-    more = (" Further sites that keep recompiling are listed in "
-            "torch.tpu.compile_cache_stats()['storms'], not warned about."
-            if len(STORMS) == _STORMS_WARNED else "")
-    message = (
-        f"torch_tpu: {what} has compiled {st[0] + 1} programs, one for each new "
-        f"shape ({st[0]} recompiles): XLA programs have static shapes. Varying: {varying}. Remedy: pad that "
-        f"dimension to a few fixed sizes, masking the padding, so a few programs serve every "
-        f"size: `torch_tpu.pad_to_bucket(batch)` pads a batch's length to its bucket (powers "
-        f"of two, or `torch_tpu.set_buckets([...])`); docs/DYNAMIC_SHAPES.md says which "
-        f"variation is already free (view offsets, HF generate's lengths). (TORCH_TPU_RECOMPILE_WARN sets the threshold; 0 "
-        f"turns this warning off.){more}")
-    if line:
-        warnings.warn_explicit(message, RecompileWarning, line[0], line[1])
-    else:
-        warnings.warn(message, RecompileWarning, stacklevel=4)
-
-
 # ---------------------------------------------------------------- statistics
 def _requests(c):
     ops = sum(v for k, v in c.items() if k.startswith("dispatches."))
@@ -585,7 +459,7 @@ def stats(programs: bool = True, disk: bool = True) -> dict:
     out["bytes"] = sum(h[1] for h in _held.values())
     out["compile_seconds"] = metrics.compile_seconds[0]
     out["recompile_reasons"] = list(metrics.recompile_reasons[-20:])
-    out["storms"] = list(STORMS)
+    out["storms"] = list(_recompiles.STORMS)
     if programs:
         with _lock:
             out["programs"] = [r.summary() for r in _LRU.values() if r.compiled or r.kind != OP]

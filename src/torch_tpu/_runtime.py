@@ -21,7 +21,7 @@ jax.config.update("jax_enable_x64", True)
 # xla/pjrt/cpu/cpu_client.cc), and XLA's intra-op pool threads set the same bits when they
 # start. The DebugOptions flag `xla_cpu_ftz` (XLA_FLAGS or jit compiler_options) only
 # changes LLVM's denormal-fp-math attribute; with it false the results still flush
-# (tests/test_refusals.py keeps a strict xfail that turns red once a jaxlib honours it).
+# (tests/ops/test_refusals.py keeps a strict xfail that turns red once a jaxlib honours it).
 # On the hardware this targets: TPUs flush float32 and bfloat16 subnormals to zero, and
 # have no float64 units (XLA:TPU emulates float64 with pairs of float32, within float32's
 # exponent range, so 1e-300 itself is out of reach); XLA:GPU keeps subnormals

@@ -198,9 +198,9 @@ def test_dump_dir_holds_each_program_with_its_key_and_reason(eager, monkeypatch,
 
 # ---------------------------------------------------------------- recompile storms
 def test_a_site_that_keeps_recompiling_for_new_shapes_warns_once(eager, monkeypatch):
-    from torch_tpu import _program_cache
+    from torch_tpu import _recompiles
 
-    monkeypatch.setattr(_program_cache, "STORMS", [])  # (only the first 3 sites warn)
+    monkeypatch.setattr(_recompiles, "STORMS", [])  # (only the first 3 sites warn)
     base = torch.arange(4096, dtype=torch.float32, device="tpu")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -224,9 +224,9 @@ def test_a_backward_through_layers_of_many_shapes_is_not_a_storm(monkeypatch):
     ten shapes is what a storm looks like from the first iteration.)"""
     import inspect
 
-    from torch_tpu import _program_cache
+    from torch_tpu import _recompiles
 
-    monkeypatch.setattr(_program_cache, "STORMS", [])
+    monkeypatch.setattr(_recompiles, "STORMS", [])
     widths = [8 + 3 * k for k in range(11)]
     layers = [torch.nn.Linear(a, b).to("tpu") for a, b in zip(widths, widths[1:])]
     with warnings.catch_warnings(record=True) as caught:

@@ -2,7 +2,7 @@
 async ops, functional collectives, with 2 and 4 processes on 127.0.0.1.
 
 Each job runs in real processes: this file is also the worker
-(`python tests/test_distributed.py --worker SCENARIO`). One job per process count runs
+(`python tests/distributed/test_distributed.py --worker SCENARIO`). One job per process count runs
 every check and reports each one, so a failure names the collective, op and dtype while
 the JAX start-up (~3 s a process) is paid once. The launcher is helpers/dist_launch.py,
 the checks helpers/dist_checks.py.

@@ -3,7 +3,7 @@ single-process result, forward and backward, under a tensor-parallel plan and un
 FSDP2 + TP on a small HF Llama.
 
 The jobs run under torchrun on 127.0.0.1; this file is also the worker
-(`torchrun ... tests/test_dtensor_attention.py --worker SCENARIO`), a user script whose
+(`torchrun ... tests/distributed/test_dtensor_attention.py --worker SCENARIO`), a user script whose
 ranks each write their results (helpers.dist_launch.report). Unlike examples/tp.py (whose plan hands plain
 local tensors to attention), the plans here keep DTensors through attention
 (`use_local_output=False`), so SDPA itself runs on DTensors: torch's fused-attention

@@ -2,7 +2,7 @@
 collective, DDP, functional collectives and DTensor tensor parallelism over a gloo group,
 each giving what the same script gives with CPU tensors.
 
-This file is also the user's script (`python tests/test_gloo_staging.py --worker DEVICE`):
+This file is also the user's script (`python tests/distributed/test_gloo_staging.py --worker DEVICE`):
 a gloo job whose only device-specific line is the device string. It runs as 2 processes
 on 127.0.0.1 (helpers/dist_launch.py, an env:// rendezvous as torchrun sets it up), with
 "cpu", with "tpu" and with "tpu" in DeferAndFuse; each rank reports every check's result,

@@ -1,4 +1,4 @@
-"""The checks the collectives job runs on every rank (see tests/test_distributed.py): each
+"""The checks the collectives job runs on every rank (see tests/distributed/test_distributed.py): each
 collective against the value computed on CPU from every rank's (deterministic) input.
 `run_checks` returns name -> "ok" or the error.
 """

@@ -1,6 +1,6 @@
 """Running a few lines of user code as a script in a fresh process, in one eager mode:
-the body reports by assigning to the dict `out`, which comes back (tests/test_memory.py,
-tests/test_fork.py)."""
+the body reports by assigning to the dict `out`, which comes back (tests/device/test_memory.py,
+tests/device/test_fork.py)."""
 import json
 import os
 import subprocess

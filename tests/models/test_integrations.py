@@ -1,6 +1,6 @@
 """The accelerate adapter (torch_tpu/_integrations/accelerate.py): applied lazily, only where
 accelerate found no device of its own, and still matching the accelerate it was written for.
-tests/test_trainer.py runs HF Trainer through it end to end."""
+tests/models/test_trainer.py runs HF Trainer through it end to end."""
 from __future__ import annotations
 
 import inspect

@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer, unmodified, on the accelerator: one process and two under torchrun.
 
 `user_script` is what a TRL user writes for a GPU, with no device named anywhere (as in
-tests/test_trainer.py): transformers and accelerate pick the accelerator, which is this
+tests/models/test_trainer.py): transformers and accelerate pick the accelerator, which is this
 package's once installed (torch autoloads it), and under torchrun accelerate joins the job
 with the tpu_dist backend. The policy is a tiny Llama built from a config (random
 weights), saved with a word-level tokenizer built in code, so nothing is downloaded; the

@@ -10,7 +10,7 @@ machinery, the comparison rules and the process layout are in tests/helpers/misu
     python tests/reliability/misuse_catalogue.py --mode debug --case int_floordiv_by_zero   # one case
 
 PENDING lists the cases that fail today: because of an item of issue 16 still being fixed,
-or because of a bug the catalogue found (marked "new", reported). tests/test_misuse.py runs
+or because of a bug the catalogue found (marked "new", reported). tests/reliability/test_misuse.py runs
 them as strict xfails, so a fix turns the test red until its entry is removed (then rerun
 --write). A key is `case` (every mode) or `case@mode` (that mode only).
 """

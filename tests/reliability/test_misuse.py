@@ -87,7 +87,7 @@ def test_table_is_current(results):
 
 def test_the_catalogue_covers_issue_16():
     """At least 60 cases, every item of issue 16 but the distributed one (11: multi-process,
-    tests/test_distributed_faults.py), PENDING naming real cases and modes, and every case
+    tests/distributed/test_distributed_faults.py), PENDING naming real cases and modes, and every case
     and mode in the document's table."""
     assert len(misuse.CASES) >= 60
     assert {str(i) for i in range(1, 11)} <= {c.item for c in misuse.CASES.values()}

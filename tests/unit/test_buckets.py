@@ -1,6 +1,6 @@
 """Bucket sizes (torch_tpu/_buckets.py) and the generation adapter's patches
 (torch_tpu/_integrations/generation.py): still matching the transformers they were written
-for. tests/test_generate_buckets.py runs generation through them end to end."""
+for. tests/models/test_generate_buckets.py runs generation through them end to end."""
 import inspect
 
 import pytest

@@ -4,7 +4,7 @@ the device type, GradScaler, pinned memory and non-blocking copies on a side str
 fused AdamW on the GPU, CUDA-event timing, peak-memory statistics; DDP over NCCL when
 launched by torchrun.
 
-tests/test_cuda_swap.py runs it after a whole-file `s/cuda/tpu/g; s/nccl/tpu_dist/g`
+tests/device/test_cuda_swap.py runs it after a whole-file `s/cuda/tpu/g; s/nccl/tpu_dist/g`
 (the only edit), and as written with FORCE_CPU=1 (gloo under torchrun) for the reference
 losses. It prints one line, "RESULT {json}", per process.
 """

@@ -5,7 +5,7 @@ atomic rename, so a crash mid-save leaves the previous checkpoint). After traini
 loop of collectives (all_reduce, broadcast, all_gather_into_tensor) with no read between
 them, as an evaluation or metrics phase has.
 
-tests/test_distributed_faults.py runs it with "cuda" -> "tpu" and "nccl" -> "tpu_dist"
+tests/distributed/test_distributed_faults.py runs it with "cuda" -> "tpu" and "nccl" -> "tpu_dist"
 (the only edit) on 4 processes and SIGKILLs one rank during training or inside the loop
 of collectives: the others must stop within seconds, naming the killed rank, and the
 last checkpoint must load with exactly the values an uninterrupted run had at that step.

@@ -1,7 +1,7 @@
 """A DDP training script written for CUDA the way public DDP tutorials write it
 (pytorch/examples, the PyTorch DDP tutorial): LOCAL_RANK device strings, set_device,
 a device-count guard, init_process_group(device_id=...), DDP(device_ids=[local_rank]).
-tests/test_torchrun_idioms.py runs it with "cuda" -> "tpu" and "nccl" -> "tpu_dist"
+tests/distributed/test_torchrun_idioms.py runs it with "cuda" -> "tpu" and "nccl" -> "tpu_dist"
 (the only edit), and with FORCE_CPU=1 on gloo for the reference losses."""
 import json
 import os

@@ -1,6 +1,6 @@
 """The TorchTPU idiom: every process puts everything on "tpu:0" (each process drives one
 device and calls it tpu:0), with no set_device and no device_ids; tensors made on "tpu"
-and "tpu:0" are mixed on purpose. Run by tests/test_torchrun_idioms.py."""
+and "tpu:0" are mixed on purpose. Run by tests/distributed/test_torchrun_idioms.py."""
 import json
 import os
 

@@ -1,7 +1,7 @@
 """A word-level language model trained the way PyTorch's word_language_model example
 batches its data: one long token stream, batchified into columns, and each batch a slice
 `source[i:i + bptt]` of it, the targets the slice one row on. Written for CUDA
-(`device = "cuda"`); tests/test_dynamic_shapes.py runs it with cuda -> tpu swapped, and
+(`device = "cuda"`); tests/modes/test_dynamic_shapes.py runs it with cuda -> tpu swapped, and
 with FORCE_CPU=1 for the reference losses.
 
 COMPILE=1 wraps the model in torch.compile(backend=BACKEND). After each batch it records

@@ -2,7 +2,7 @@
 (`device = "cuda"`): embedding -> 2-layer nn.LSTM -> linear decoder over the vocabulary,
 trained by truncated backprop through time (bptt 35) with the hidden state carried across
 batches (detached), clip_grad_norm_ and the example's hand-written SGD update.
-tests/test_compile_guard.py runs it with cuda -> tpu swapped, and with FORCE_CPU=1 for the
+tests/modes/test_compile_guard.py runs it with cuda -> tpu swapped, and with FORCE_CPU=1 for the
 reference losses. No dropout, so the CPU and device runs draw no random numbers.
 
 It times every step to its loss's `.item()` and, on the device, records torch_tpu's

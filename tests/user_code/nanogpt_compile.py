@@ -5,7 +5,7 @@ on CUDA), `torch.compile(model)` with no arguments, a few training steps, then s
 with `generate` (top_k=1, so the sampled tokens are the argmax and comparable across
 devices).
 
-tests/test_default_compile.py runs it after a whole-file `s/cuda/tpu/g` (the only edit),
+tests/compile/test_default_compile.py runs it after a whole-file `s/cuda/tpu/g` (the only edit),
 and as written with FORCE_CPU=1 COMPILE=0 for the CPU eager reference. It prints one line,
 "RESULT {json}".
 """

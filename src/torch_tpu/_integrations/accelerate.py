@@ -35,7 +35,7 @@ The wrappers are installed when `accelerate.state` is first executed (`_on_impor
 `sys.meta_path`), so `import torch_tpu` imports nothing of accelerate. They are `_patches.Patch`
 objects, like the patches of torch internals, each with the signature of what it wraps in
 accelerate 1.15.0 (`WRITTEN_AGAINST`); on a mismatch nothing is patched (with a warning), and
-tests/test_integrations.py fails.
+tests/models/test_integrations.py fails.
 """
 from __future__ import annotations
 

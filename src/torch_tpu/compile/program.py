@@ -269,7 +269,7 @@ class Program:
         return True
 
     def _promised(self, example_inputs, fresh):
-        """What the scan (csrc/scan.cpp program_scan) will make of inputs laid out as these:
+        """What the scan (csrc/scan_graph.cpp program_scan) will make of inputs laid out as these:
         the key, the buffers' avals and the offsets passed as data; Nones when the
         example cannot tell. An input marked `fresh` comes as a program result does
         (Program.__call__): a buffer of its own, dense in the fake's layout, else

@@ -1,5 +1,5 @@
 // What C and Python must agree on by position or by name, declared once on the C side
-// and exported as the dict `_C.CONTRACTS`; tests/test_c_contracts.py checks each entry
+// and exported as the dict `_C.CONTRACTS`; tests/unit/test_c_contracts.py checks each entry
 // against its Python counterpart:
 //   "kinds"       argument kind -> number (lowering/schema.py KINDS), from the list below
 //   "cspec"       the field order of a plan's cspec tuple (op/opcall.py CSpec)

@@ -4,10 +4,10 @@
 // A cached jax.jit call works out the arguments' signature (shape, dtype, weak type,
 // sharding of each), looks it up in jit's own cache, reads jax's configuration, flattens
 // the arguments as a pytree and shards them, and only then launches. The key of an op
-// entry and of a compiled graph's executable (scan.cpp's scan and program_scan) already
-// fixes every argument's shape and dtype (each buffer's length and dtype; each device
-// scalar's type), and every buffer lives on the process's one device, so once the
-// program is compiled that work repeats a check already made. DirectCall
+// entry and of a compiled graph's executable (scan.cpp's scan, scan_graph.cpp's
+// program_scan) already fixes every argument's shape and dtype (each buffer's length and
+// dtype; each device scalar's type), and every buffer lives on the process's one device,
+// so once the program is compiled that work repeats a check already made. DirectCall
 // hands the buffers to the LoadedExecutable (`execute_sharded`) and wraps the results with
 // jax's own result handlers (`consume_with_handlers`), which make the same jax.Arrays a
 // jit call returns.
@@ -23,7 +23,7 @@
 // these after a program's first call (~0.3 ms more, jax's caches answer), only for
 // programs with no effects, host callbacks or NaN checks; TORCH_TPU_C_FAST_PATH=0 keeps
 // the jitted function.
-// tests/test_direct_call.py compares both on every case.
+// tests/modes/test_direct_call.py compares both on every case.
 #include <Python.h>
 #include <structmember.h>
 

@@ -8,11 +8,11 @@
 // `execute(plan, vals)`, the reference path: the other modes, a cache miss, what scan
 // leaves to Python, ops run at once (data-dependent shapes), and every flush.
 //
-// The current executor, as op/current.py executor() would say: this thread's innermost
-// `eager_mode` block's (set_thread_executor), else the global one while no block is open
-// on any thread (set_executor), else current.executor() is asked (threads Python did not
-// start follow the blocks open elsewhere). Executors live as long as the process, so
-// these are borrowed.
+// The current executor, as op/current.py executor() would say, read on every op from a
+// cache that only current.py writes (set_current_executors, from its _publish): this
+// thread's innermost `eager_mode` block's, else the global one while no block is open on
+// any thread, else current.executor() is asked (threads Python did not start follow the
+// blocks open elsewhere). Executors live as long as the process, so these are borrowed.
 //
 // The Python names called or read here are exported in _C.CONTRACTS (contracts.h):
 // "execute" of every executor, DeferExecutor's _graph_starts, _loop_flush and loop, an
@@ -162,6 +162,7 @@ struct KernelObject {
   PyObject* precision;  // plan.precision: the settings snapshot of a sensitive op, or null
 };
 
+// op/current.py's state, cached (set_current_executors):
 thread_local PyObject* t_current = nullptr;  // this thread's eager_mode block's executor
 PyObject* g_current = nullptr;  // the executor of every thread without a block, or null
 PyObject* g_executor_fn = nullptr;  // op/current.py executor
@@ -303,7 +304,7 @@ done:
 // left above jax.jit is mostly outside this path (torch's dispatch to the boxed kernel,
 // and the cyclic GC's collections that each op's new containers trigger: ~13% of a
 // profile). The Python reference is StrictExecutor.execute, which
-// TORCH_TPU_C_FAST_PATH=0 runs for every op (tests/test_c_contracts.py compares them).
+// TORCH_TPU_C_FAST_PATH=0 runs for every op (tests/unit/test_c_contracts.py compares them).
 PyObject* run_strict(KernelObject* k, PyObject* vals) {
   PyObject* scanned = scan_values(k->plan, k->spec, vals);
   if (scanned == nullptr) return nullptr;
@@ -478,13 +479,14 @@ PyObject* kernel_setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
-PyObject* set_executor(PyObject*, PyObject* ex) {
-  g_current = ex == Py_None ? nullptr : ex;
-  Py_RETURN_NONE;
-}
-
-PyObject* set_thread_executor(PyObject*, PyObject* ex) {
-  t_current = ex == Py_None ? nullptr : ex;
+// set_current_executors(thread, global): op/current.py's _publish, after each change.
+PyObject* set_current_executors(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "set_current_executors(thread_executor or None, global_executor or None)");
+    return nullptr;
+  }
+  t_current = args[0] == Py_None ? nullptr : args[0];
+  g_current = args[1] == Py_None ? nullptr : args[1];
   Py_RETURN_NONE;
 }
 
@@ -492,11 +494,11 @@ PyMethodDef g_methods[] = {
     {"kernel_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(kernel_setup)), METH_FASTCALL,
      "kernel_setup(executor_fn, defer_executor, strict_executor, counters, defer_counter, "
      "strict_counter): what OpKernel calls"},
-    {"set_executor", set_executor, METH_O,
-     "set_executor(ex or None): the executor of threads outside eager_mode blocks, while no "
-     "block is open anywhere (else None)"},
-    {"set_thread_executor", set_thread_executor, METH_O,
-     "set_thread_executor(ex or None): this thread's innermost eager_mode block's executor"},
+    {"set_current_executors", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(set_current_executors)),
+     METH_FASTCALL,
+     "set_current_executors(thread, global): op/current.py's cache in C: this thread's innermost "
+     "eager_mode block's executor, and the executor of threads outside blocks while no block is "
+     "open anywhere (each None when there is none)"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The per-op hot path of the eager executors, in C: an op call's arguments in schema
 // order (normalize) and their cache key (scan). This file's method table also registers
 // frames.cpp's functions, and it exports the argument-kind numbering and the cspec's
-// field order (contracts.h).
+// field order (contracts.h). How a tensor or a number becomes a key part is shared, through
+// scan.h, with scan_graph.cpp, the same scan of a compiled graph's arguments.
 //
 // scan(plan, vals) does what OpPlan.scan (op/opcall.py) does for the common case, and
 // builds the same key (shapes as plain tuples, which hash and compare like torch.Size):
@@ -18,8 +19,6 @@
 // buffer yet or of another device, conj/neg views, a tensor passed for a scalar, seeded
 // ops, factories, two mutated arguments sharing a storage. The Python path stays the
 // reference.
-//
-// program_scan(kinds, args) does the same for a compiled graph's arguments.
 #include <Python.h>
 
 #include <torch/csrc/DynamicTypes.h>
@@ -27,15 +26,14 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
-#include <unordered_map>
-#include <cstring>
 #include <vector>
 
 #include "contracts.h"
+#include "scan.h"
 
 namespace torch_tpu {
 
-PyObject* g_record_attr = nullptr;  // the storage attribute holding (buffer, length, dtype)
+PyObject* g_record_attr = nullptr;  // (scan.h)
 
 // spec: the plan's cspec (borrowed)
 PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs);
@@ -66,13 +64,8 @@ PyObject* int_tuple(c10::IntArrayRef xs) {
   return t;
 }
 
-// Outcome of one argument: a new reference to its key part, or BAIL (leave the call to
-// Python), or nullptr with a Python error set.
-PyObject* const BAIL = reinterpret_cast<PyObject*>(1);
+}  // namespace
 
-// The buffer record (buffer, length, dtype) of a tensor's storage, a new reference, with
-// the storage object in *st (new reference); BAIL when the storage has none (no buffer
-// yet, or not a tpu storage).
 PyObject* storage_record(const at::Tensor& t, PyObject** st) {
   *st = THPStorage_Wrap(t.storage());
   if (*st == nullptr) return nullptr;
@@ -88,8 +81,7 @@ PyObject* storage_record(const at::Tensor& t, PyObject** st) {
 }
 
 // _storage.offset_is_data: the offset of a view of part of its buffer, which the buffer
-// holds whole in the view's own dtype, goes to the program as data. -1 with a Python
-// error set.
+// holds whole in the view's own dtype, goes to the program as data.
 int offset_is_data(const at::Tensor& t, PyObject* rec) {
   const int64_t offset = t.storage_offset();
   int64_t extent = 1;
@@ -105,9 +97,7 @@ int offset_is_data(const at::Tensor& t, PyObject* rec) {
   return PyObject_RichCompareBool(jdt, PyTuple_GET_ITEM(rec, 2), Py_EQ);
 }
 
-// A tensor's key part: (shape, strides, offset, dtype, buffer length, buffer dtype[, extra]).
-// With dynamic_offset, the offset is DYNAMIC in the part and the caller passes it as data.
-PyObject* view_part(const at::Tensor& t, PyObject* rec, PyObject* extra, bool dynamic_offset = false) {
+PyObject* view_part(const at::Tensor& t, PyObject* rec, PyObject* extra, bool dynamic_offset) {
   PyObject* part = PyTuple_New(extra == nullptr ? 6 : 7);
   PyObject* shape = int_tuple(t.sizes());
   PyObject* stride = int_tuple(t.strides());
@@ -126,6 +116,28 @@ PyObject* view_part(const at::Tensor& t, PyObject* rec, PyObject* extra, bool dy
   for (int i = 0; i < PyTuple_GET_SIZE(part); ++i) PyTuple_SET_ITEM(part, i, items[i]);
   return part;
 }
+
+PyObject* number_part(PyObject* v, PyObject* dyns) {
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(v));
+  PyObject* k = PyTuple_Pack(2, type, v);
+  if (k == nullptr) return nullptr;
+  PyObject* a = PyDict_GetItemWithError(g_scalars, k);  // borrowed
+  Py_DECREF(k);
+  if (a == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    a = PyObject_CallOneArg(g_make_scalar, v);  // a new value (a learning rate's next)
+    if (a == nullptr) return nullptr;
+    const int rc = PyList_Append(dyns, a);
+    Py_DECREF(a);
+    if (rc < 0) return nullptr;
+  } else if (PyList_Append(dyns, a) < 0) {
+    return nullptr;
+  }
+  Py_INCREF(type);
+  return type;
+}
+
+namespace {
 
 struct Scan {
   PyObject* bufs;
@@ -168,26 +180,7 @@ struct Scan {
     return part;
   }
 
-  // A Python number: its type as the key part, its cached device scalar into dyns.
-  PyObject* number(PyObject* v) {
-    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(v));
-    PyObject* k = PyTuple_Pack(2, type, v);
-    if (k == nullptr) return nullptr;
-    PyObject* a = PyDict_GetItemWithError(g_scalars, k);  // borrowed
-    Py_DECREF(k);
-    if (a == nullptr) {
-      if (PyErr_Occurred()) return nullptr;
-      a = PyObject_CallOneArg(g_make_scalar, v);  // a new value (a learning rate's next)
-      if (a == nullptr) return nullptr;
-      const int rc = PyList_Append(dyns, a);
-      Py_DECREF(a);
-      if (rc < 0) return nullptr;
-    } else if (PyList_Append(dyns, a) < 0) {
-      return nullptr;
-    }
-    Py_INCREF(type);
-    return type;
-  }
+  PyObject* number(PyObject* v) { return number_part(v, dyns); }
 
   // A Python number where the schema has a Tensor (torch passes a wrapped number so, as
   // in `x + 1e-6`): ("#", its type), its device scalar into dyns.
@@ -465,134 +458,6 @@ PyObject* setup(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 }  // namespace
 
-// program_scan(kinds, args, memo) -> (parts, bufs, storages, offsets, same), or None: what
-// Program.__call__ (compile/program.py) makes of a compiled graph's arguments. kinds: 0 a
-// tpu tensor (part: its view spec, with a DYNAMIC offset whose device scalar is appended
-// to offsets as the eager scan does, and the index of its storage's buffer in bufs, one
-// per distinct storage), 1 a CPU tensor (None), 2 an int, 3 anything else (itself). None
-// when a tpu input's storage has no buffer yet: the Python makes one.
-// memo ([signature, parts], or None): the last call's layout. A call laid out the same (each
-// view's sizes, strides, static offset and dtype, each buffer's length and dtype, which
-// inputs share a storage, each int, each other object by identity: the memo's parts hold
-// them, so none can be freed and its address reused) gets the memo's parts and same=True,
-// no part built; the caller reuses the last executable without building or hashing a key.
-namespace {
-enum InKind { IN_TPU, IN_CPU, IN_INT, IN_OTHER };
-}  // namespace
-
-PyObject* program_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  PyObject* memo = nargs == 3 ? args[2] : Py_None;
-  if (nargs < 2 || nargs > 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
-      PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1]) ||
-      (memo != Py_None && (!PyList_Check(memo) || PyList_GET_SIZE(memo) != 2))) {
-    PyErr_SetString(PyExc_TypeError, "program_scan(kinds: list, args: list of the same length[, memo: [signature, parts]])");
-    return nullptr;
-  }
-  const Py_ssize_t n = PyList_GET_SIZE(args[1]);
-  std::vector<int64_t> sig;
-  // the first pass builds no part while the memo may match; a second one does
-  for (bool build = memo == Py_None; ; build = true, sig.clear()) {
-    PyObject* parts = build ? PyList_New(n) : nullptr;
-    PyObject* bufs = PyList_New(0);
-    PyObject* storages = PyList_New(0);
-    Scan offsets{nullptr, PyList_New(0), nullptr};  // number() puts device scalars in .dyns
-    std::unordered_map<PyObject*, Py_ssize_t> seen;  // storage object -> its index in bufs
-    bool ok = (parts != nullptr || !build) && bufs != nullptr && storages != nullptr && offsets.dyns != nullptr;
-    bool bail = false, fresh = false;  // fresh: an int past int64, no memo
-    for (Py_ssize_t i = 0; ok && !bail && i < n; ++i) {
-      PyObject* a = PyList_GET_ITEM(args[1], i);
-      PyObject* part = nullptr;
-      const long kind = PyLong_AsLong(PyList_GET_ITEM(args[0], i));
-      sig.push_back(kind);
-      switch (kind) {
-        case IN_TPU: {
-          if (!THPVariable_Check(a)) {
-            bail = true;
-            break;
-          }
-          const at::Tensor& t = THPVariable_Unpack(a);
-          PyObject* st;
-          PyObject* rec = storage_record(t, &st);
-          if (rec == nullptr || rec == BAIL) {
-            bail = rec == BAIL;
-            break;
-          }
-          auto it = seen.find(st);
-          Py_ssize_t j;
-          if (it == seen.end()) {
-            j = PyList_GET_SIZE(bufs);
-            seen.emplace(st, j);
-            ok = PyList_Append(bufs, PyTuple_GET_ITEM(rec, 0)) == 0 && PyList_Append(storages, st) == 0;
-          } else {
-            j = it->second;
-          }
-          const int dynamic = ok ? offset_is_data(t, rec) : -1;
-          if (dynamic == 1) {
-            PyObject* off = PyLong_FromLongLong(t.storage_offset());
-            PyObject* type = off == nullptr ? nullptr : offsets.number(off);
-            Py_XDECREF(off);
-            Py_XDECREF(type);
-            ok = type != nullptr;
-          }
-          sig.insert(sig.end(), {t.dim(), dynamic == 1 ? -1 : t.storage_offset(), static_cast<int64_t>(t.scalar_type()), j,
-                                 PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 1)),
-                                 reinterpret_cast<int64_t>(PyTuple_GET_ITEM(rec, 2))});
-          sig.insert(sig.end(), t.sizes().begin(), t.sizes().end());
-          sig.insert(sig.end(), t.strides().begin(), t.strides().end());
-          PyObject* idx = ok && dynamic >= 0 && build ? PyLong_FromSsize_t(j) : nullptr;
-          part = idx == nullptr ? nullptr : view_part(t, rec, idx, dynamic == 1);
-          ok = ok && dynamic >= 0;
-          Py_XDECREF(idx);
-          Py_DECREF(rec);
-          Py_DECREF(st);  // `storages` holds it (so its address stays unique in `seen`)
-          break;
-        }
-        case IN_CPU:
-          Py_INCREF(Py_None);
-          part = Py_None;
-          break;
-        case IN_INT: {
-          int overflow = 0;
-          sig.push_back(PyLong_AsLongLongAndOverflow(a, &overflow));
-          fresh = fresh || overflow || PyErr_Occurred();
-          PyErr_Clear();
-          part = PyNumber_Long(a);
-          break;
-        }
-        default:
-          sig.push_back(reinterpret_cast<int64_t>(a));
-          Py_INCREF(a);
-          part = a;
-      }
-      if (part == nullptr && build) ok = false;
-      else if (build) PyList_SET_ITEM(parts, i, part);
-      else Py_XDECREF(part);
-    }
-    PyObject* result = nullptr;
-    if (ok && !bail && !build) {  // the first pass: does the memo match?
-      PyObject* last = PyList_GET_ITEM(memo, 0);
-      const auto bytes = static_cast<Py_ssize_t>(sig.size() * sizeof(int64_t));
-      if (!fresh && PyBytes_Check(last) && PyBytes_GET_SIZE(last) == bytes && memcmp(PyBytes_AS_STRING(last), sig.data(), bytes) == 0)
-        result = Py_BuildValue("(OOOOO)", PyList_GET_ITEM(memo, 1), bufs, storages, offsets.dyns, Py_True);
-      else if (!PyErr_Occurred()) ok = false;  // a new layout: the second pass
-    } else if (ok && !bail) {
-      result = Py_BuildValue("(OOOOO)", parts, bufs, storages, offsets.dyns, Py_False);
-      PyObject* s = memo == Py_None ? nullptr
-          : PyBytes_FromStringAndSize(reinterpret_cast<const char*>(sig.data()), sig.size() * sizeof(int64_t));
-      if (s != nullptr) {
-        PyList_SetItem(memo, 0, s);  // (steals s)
-        PyList_SetItem(memo, 1, (Py_INCREF(parts), parts));
-      }
-    }
-    Py_XDECREF(parts);
-    Py_XDECREF(bufs);
-    Py_XDECREF(storages);
-    Py_XDECREF(offsets.dyns);
-    if (bail && !PyErr_Occurred()) Py_RETURN_NONE;
-    if (result != nullptr || build || PyErr_Occurred()) return result;
-  }
-}
-
 PyObject* user_line(PyObject*, PyObject*);         // frames.cpp
 PyObject* frames_setup(PyObject*, PyObject*);      // frames.cpp
 PyObject* is_internal_code(PyObject*, PyObject*);  // frames.cpp
@@ -606,8 +471,6 @@ PyMethodDef g_methods[] = {
      "normalize(plan, args, kwargs) -> the argument values in schema order, defaults filled in"},
     {"scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(scan)), METH_FASTCALL,
      "scan(plan, vals) -> (key, bufs, dyns), or None where OpPlan.scan's Python must do it"},
-    {"program_scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(program_scan)), METH_FASTCALL,
-     "program_scan(kinds, args[, memo]) -> (parts, bufs, storages, offsets, same) of a compiled graph's call, or None"},
     {"user_line", user_line, METH_NOARGS,
      "user_line() -> (file, line) of the innermost caller whose code is not internal"},
     {"frames_setup", frames_setup, METH_O,

@@ -8,7 +8,7 @@
 //
 // Each SlotAttr names the Python class whose slot it reads, and every one declared in
 // any file is exported as _C.CONTRACTS["slots"] (export_slots), so that a renamed slot
-// fails tests/test_c_contracts.py instead of silently taking the slow path.
+// fails tests/unit/test_c_contracts.py instead of silently taking the slow path.
 #pragma once
 
 #include <Python.h>

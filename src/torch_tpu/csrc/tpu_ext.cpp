@@ -5,7 +5,8 @@
 // - a generator (seed + offset, consumed by the Python random lowerings);
 // - the device guard and the PrivateUse1 hooks (pinned memory, generators, resize);
 // - the Python module _C, whose other functions come from dispatch.cpp (the boxed op
-//   kernel, attention backend, autocast rules), memory.cpp, scan.cpp, graph.cpp and kernel.cpp.
+//   kernel, attention backend, autocast rules), memory.cpp, scan.cpp, scan_graph.cpp,
+//   graph.cpp, kernel.cpp and direct.cpp.
 #include <torch/extension.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -24,11 +25,14 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 namespace torch_tpu {
 
@@ -341,26 +345,40 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(storage), 0, {0}, {});
 }
 
+// The aten ops given C++ kernels here, by overload packet ("set_.source_Storage" ->
+// "set_"): filled by the registrations below as the library loads, and exported as
+// _C.NATIVE_KERNELS, which _dispatch leaves out when it registers the lowering table's
+// kernels (a lowered `view` must not replace at::native's).
+std::set<std::string>& native_kernels() {
+  static std::set<std::string> names;
+  return names;
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("set_.source_Storage", set_source_storage);
-  m.impl("set_.source_Tensor", set_source_tensor);
-  m.impl("set_", set_empty);
-  m.impl("is_set_to", at::native::is_set_to);
-  m.impl("empty.memory_format", empty_memory_format);
-  m.impl("empty_strided", empty_strided);
-  m.impl("as_strided", at::native::as_strided_tensorimpl);
-  m.impl("view", at::native::view);
-  m.impl("_reshape_alias", at::native::_reshape_alias);
-  m.impl("unfold", at::native::unfold);
-  m.impl("view_as_real", at::native::view_as_real);
-  m.impl("view_as_complex", at::native::view_as_complex);
-  m.impl("resize_", resize_);
-  m.impl("set_.source_Storage_storage_offset", set_storage);
+  auto impl = [&m](const char* name, auto kernel) {
+    native_kernels().emplace(name, std::strcspn(name, "."));
+    m.impl(name, kernel);
+  };
+  impl("set_.source_Storage", set_source_storage);
+  impl("set_.source_Tensor", set_source_tensor);
+  impl("set_", set_empty);
+  impl("is_set_to", at::native::is_set_to);
+  impl("empty.memory_format", empty_memory_format);
+  impl("empty_strided", empty_strided);
+  impl("as_strided", at::native::as_strided_tensorimpl);
+  impl("view", at::native::view);
+  impl("_reshape_alias", at::native::_reshape_alias);
+  impl("unfold", at::native::unfold);
+  impl("view_as_real", at::native::view_as_real);
+  impl("view_as_complex", at::native::view_as_complex);
+  impl("resize_", resize_);
+  impl("set_.source_Storage_storage_offset", set_storage);
 }
 
 
 void add_dispatch_functions(PyObject* module);  // dispatch.cpp: register_op_kernel, empty_with_storage
 void add_scan_functions(PyObject* module);   // scan.cpp: the executors' per-op key scan
+void add_scan_graph_functions(PyObject* module);  // scan_graph.cpp: a compiled graph's call scan
 void add_graph_functions(PyObject* module);  // graph.cpp: DeferAndFuse's Node, Lazy, record
 void add_kernel_functions(PyObject* module);  // kernel.cpp: OpKernel, LoopDetector
 void add_direct_functions(PyObject* module);  // direct.cpp: DirectCall
@@ -373,11 +391,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("local_device", []() { return std::make_pair(int(torch_tpu::g_index), int(torch_tpu::g_count)); });
   m.def("check_device_index", [](int d) { torch_tpu::check_index(static_cast<c10::DeviceIndex>(d)); });
   torch_tpu::add_scan_functions(m.ptr());
+  torch_tpu::add_scan_graph_functions(m.ptr());
   torch_tpu::add_graph_functions(m.ptr());
   torch_tpu::add_kernel_functions(m.ptr());
   torch_tpu::add_direct_functions(m.ptr());
   torch_tpu::add_dispatch_functions(m.ptr());
   torch_tpu::add_memory_functions(m.ptr());  // memory.cpp
+  m.attr("NATIVE_KERNELS") = py::tuple(py::cast(std::vector<std::string>(
+      torch_tpu::native_kernels().begin(), torch_tpu::native_kernels().end())));
   m.def("default_generator", []() {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(torch_tpu::default_generator()));

@@ -25,7 +25,7 @@ first imports it (`_on_import.when_imported`), or at once if it already has.
 The calls into DTensor are private API, written against torch 2.13.0. `check_internals()`
 compares them with the installed torch: on a mismatch registration warns and does nothing
 (SDPA on DTensors then fails with torch's own error, not a wrong answer), and
-tests/test_dtensor_attention.py fails.
+tests/distributed/test_dtensor_attention.py fails.
 """
 from __future__ import annotations
 

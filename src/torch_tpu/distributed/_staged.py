@@ -37,7 +37,7 @@ the calling thread's eager executor. So:
 
 Registering kernels over torch's own is an override of torch internals, written against
 torch 2.13.0: `SCHEMAS` holds each op's schema as that version has it. An op whose schema
-differs is left to torch (with a warning), and tests/test_gloo_staging.py fails loudly.
+differs is left to torch (with a warning), and tests/distributed/test_gloo_staging.py fails loudly.
 """
 from __future__ import annotations
 

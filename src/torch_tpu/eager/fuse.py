@@ -32,7 +32,7 @@ recompile_reasons = metrics.recompile_reasons
 _DONATE = _config.get("TORCH_TPU_DONATE")
 
 
-# The graph key's layout (csrc/graph.cpp flush_plan; tests/test_c_contracts.py checks these
+# The graph key's layout (csrc/graph.cpp flush_plan; tests/unit/test_c_contracts.py checks these
 # against _C.CONTRACTS["key_layout"]): int64 words; a node output is (node << _OUT_BITS |
 # output); the node records (entry id, n_inputs, inputs...), then counted sections.
 _OUT_BITS = 20

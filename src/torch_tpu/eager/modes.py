@@ -4,7 +4,8 @@ Names follow the reference system (TorchTPU): DEFER_NEVER is Strict (default),
 DEFER_NEVER_AND_LAUNCH_BLOCKING is Debug, DEFER_AND_FUSE is the fusing mode. A global mode
 is set with `set_eager_mode` (or the environment), and `with eager_mode(m):` overrides it
 for the current thread, the innermost block winning. Every switch first runs whatever the
-mode being left has deferred.
+mode being left has deferred. The state itself (which executor runs this thread's ops, and
+C's cache of it) is op/current.py's; this module builds the executors and asks it to switch.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _setup_kernels(defer=None) -> None:
     unless TORCH_TPU_C_FAST_PATH=0 sends every op to the executor's Python execute (the
     reference)."""
     fast = C_FAST_PATH
-    _C.kernel_setup(executor, defer if fast else None, _STRICT if fast else None,
+    _C.kernel_setup(current.executor, defer if fast else None, _STRICT if fast else None,
                     metrics.counters, "dispatches.defer_and_fuse", StrictExecutor.counter)
 
 
@@ -54,14 +55,8 @@ def _env_mode() -> EagerMode:
     return EagerMode.STRICT
 
 
-_tls = current.tls
-_global = current.GLOBAL
-_global.update(mode=EagerMode.STRICT, executor=_EXECUTORS[EagerMode.STRICT])
-_open_contexts = current.OPEN_CONTEXTS
-executor = current.executor
-
 _setup_kernels()
-_C.set_executor(_global["executor"])
+current.set_global(EagerMode.STRICT, _STRICT, _STRICT.deferred)
 
 
 def _executor_for(mode: EagerMode):
@@ -86,16 +81,6 @@ def _switch_flush() -> None:
         ex.flush("mode_change")
 
 
-def _publish() -> None:
-    """Tell the C side what changed: storages made while any DeferAndFuse executor is
-    active start without a buffer; the op kernels (csrc/kernel.cpp) use the global
-    executor directly while no `eager_mode` block is open on any thread (each block also
-    tells them its thread's executor)."""
-    lazy = _global["executor"].deferred or any(ex.deferred for _, ex in _open_contexts)
-    _C.set_lazy_allocations(lazy)
-    _C.set_executor(None if _open_contexts else _global["executor"])
-
-
 def get_eager_mode() -> EagerMode:
     return current.mode()
 
@@ -104,9 +89,8 @@ def set_eager_mode(mode) -> None:
     """Set the process-wide eager mode (a thread inside `eager_mode(...)` keeps its own)."""
     mode = _coerce(mode)
     _switch_flush()
-    _global["mode"] = mode
-    _global["executor"] = _executor_for(mode)
-    _publish()
+    ex = _executor_for(mode)
+    current.set_global(mode, ex, ex.deferred)
 
 
 @contextlib.contextmanager
@@ -114,21 +98,13 @@ def eager_mode(mode):
     """Run the block in `mode` on this thread; the innermost block wins."""
     mode = _coerce(mode)
     _switch_flush()
-    _tls.stack.append(mode)
-    _tls.executor = _executor_for(mode)
-    _C.set_thread_executor(_tls.executor)
-    token = (mode, _tls.executor)
-    _open_contexts.append(token)
-    _publish()
+    ex = _executor_for(mode)
+    token = current.enter(mode, ex, ex.deferred)
     try:
         yield
     finally:
         _switch_flush()
-        _open_contexts.remove(token)
-        _publish()
-        _tls.stack.pop()
-        _tls.executor = _executor_for(_tls.stack[-1]) if _tls.stack else None
-        _C.set_thread_executor(_tls.executor)
+        current.leave(token)
 
 
 def init_from_env() -> None:

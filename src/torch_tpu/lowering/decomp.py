@@ -5,7 +5,7 @@ One list serves every mode: the eager fallback runs a listed op's decomposition 
 tensors, and the compile backend hands the same table to AOTAutograd, so an op that works
 compiled works eagerly too. Most of these never reach a tpu kernel in eager, because
 torch's C++ composite kernels decompose them first; in a traced aten graph they arrive
-whole. tests/test_lowering_tables.py checks that no listed op also has a lowering.
+whole. tests/unit/test_lowering_tables.py checks that no listed op also has a lowering.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ eager op plans (op/opcall.py `OpPlan`) and the compile backend (compile/lower.py
 
 Argument kinds are numbered; csrc/scan.cpp switches on the same numbers (csrc/contracts.h,
 exported as `_C.CONTRACTS["kinds"]` and checked against `KINDS` here by
-tests/test_c_contracts.py). The order matters: `kind <= OPT_TENSOR` means "one tensor argument" and
+tests/unit/test_c_contracts.py). The order matters: `kind <= OPT_TENSOR` means "one tensor argument" and
 `kind <= OPT_TENSOR_LIST` (after the scalar kinds are ruled out) "a tensor list".
 """
 from __future__ import annotations
