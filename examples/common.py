@@ -1,5 +1,6 @@
-"""What the tpu_dist examples share: small HF Llama/Qwen2 models from configs, a fixed
-global batch, the single-process reference run, and the loss check.
+"""What the tpu_dist examples share: small HF Llama/Qwen2 models from configs (the decoder
+workload of torch_tpu_tools, installed with torch_tpu), a fixed global batch, the
+single-process reference run, and the loss check.
 
 Every example trains the same model from the same initial weights on the same global
 batch; a parallel run must reproduce the losses of one process training on the whole
@@ -11,11 +12,10 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+from torch_tpu_tools.workloads import decoder
 
 VOCAB, SEQ = 128, 16
 
@@ -43,22 +43,18 @@ def init() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def spec(kv_heads: int = 2, batch: int = 8) -> decoder.DecoderSpec:
+    """hidden 64, 2 layers, 4 heads, seed 0: the same weights on every rank."""
+    return decoder.DecoderSpec(vocab=VOCAB, seq=SEQ, batch=batch, kv_heads=kv_heads)
+
+
 def build(kind: str, kv_heads: int = 2) -> torch.nn.Module:
     """A 2-layer model on CPU with weights fixed by the seed (same on every rank)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=kv_heads,
-              max_position_embeddings=2 * SEQ, attn_implementation="sdpa")
-    if kind == "llama":
-        return LlamaForCausalLM(LlamaConfig(**kw))
-    return Qwen2ForCausalLM(Qwen2Config(**kw))
+    return decoder.build_model(spec(kv_heads), "qwen2" if kind == "qwen" else "llama")
 
 
 def batches(steps: int, batch: int) -> list:
-    g = torch.Generator().manual_seed(1)
-    return [torch.randint(0, VOCAB, (batch, SEQ), generator=g) for _ in range(steps)]
+    return decoder.random_batches(spec(batch=batch), [SEQ] * steps)
 
 
 def shard(x: torch.Tensor, index: int, count: int) -> torch.Tensor:

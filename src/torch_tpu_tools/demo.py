@@ -19,6 +19,7 @@ import time
 import torch
 
 from .bench import compile as bench_compile
+from .workloads.models import MODELS
 
 RUNS = {  # name -> TorchRunner arguments
     "CPU eager": {"device": "cpu"},
@@ -33,7 +34,7 @@ HELP = "train a small Llama on CPU and on tpu (Strict, DeferAndFuse, compiled), 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
-    p.add_argument("--model", choices=list(bench_compile.MODELS), default="llama",
+    p.add_argument("--model", choices=list(MODELS), default="llama",
                    help="the small HF Llama (default) or the nanoGPT-style GPT")
     p.add_argument("--rtol", type=float, default=1e-4,
                    help="largest allowed relative loss difference tpu vs CPU (default 1e-4)")
@@ -90,7 +91,7 @@ def main(args) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = bench_compile.MODELS[args.model]
+    model = MODELS[args.model]
     spec = dataclasses.replace(model.spec, seed=args.seed)
     base = model.build(spec)
     batches = model.batches(spec, args.steps)

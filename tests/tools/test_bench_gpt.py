@@ -1,4 +1,4 @@
-"""The nanoGPT-style GPT of the benchmarks (bench/gpt.py) under torch.compile(backend="tpu"),
+"""The nanoGPT-style GPT of the benchmarks (workloads/gpt.py) under torch.compile(backend="tpu"),
 trained as a user trains it (model and `opt.step` compiled, as `bench compile` runs it):
 the loss matches CPU eager, dynamo captures it without a graph break, a warm step runs the
 same three programs every time (forward, backward, AdamW), and no eager tpu op runs inside
@@ -12,7 +12,8 @@ import torch
 from torch_tpu import compile as tpu_compile
 from torch_tpu import metrics
 from torch_tpu_tools.bench import compile as bench_compile
-from torch_tpu_tools.bench import gpt
+from torch_tpu_tools.workloads import gpt
+from torch_tpu_tools.workloads import models as workload_models
 
 STEPS, WARM = 6, 3  # steps 1-2 compile (the optimizer's state appears in step 1)
 SPEC = gpt.GPTSpec(layers=2, width=64, heads=4, block=32, batch=4)
@@ -131,7 +132,7 @@ def test_jax_twin_matches_torch():
     steps (so forward, gradients and both weight-decay groups agree)."""
     base = gpt.build_model(SPEC)
     batches = gpt.make_batches(SPEC, 3)
-    runner = bench_compile.JaxRunner(base, SPEC, bench_compile.GPT)
+    runner = bench_compile.JaxRunner(base, SPEC, workload_models.GPT)
     got = [float(runner.step(b, bench_compile.TRAIN)) for b in batches]
     torch.testing.assert_close(torch.tensor(got), torch.tensor(_cpu_losses(base, batches)),
                                rtol=1e-4, atol=1e-5)
@@ -144,11 +145,11 @@ def test_first_step_target_reads_the_fresh_process_steps_and_states_the_floor():
 
     res = bench_compile.Result(first_s={"tpu compiled": 50.0, "jax.jit": 1.0},
                                cold={"tpu compiled": 30.0, "CPU aot_eager": 27.0, "jax.jit": 6.0})
-    lines = [x for x in compile_report.targets(bench_compile.GPT, {bench_compile.TRAIN: res})
+    lines = [x for x in compile_report.targets(workload_models.GPT, {bench_compile.TRAIN: res})
              if "first training step" in x]
     assert len(lines) == 1, lines
     assert "**5.0x** as long (30.0 s vs 6.0 s; target ≤ 3x: not met)" in lines[0], lines[0]
     assert "took 27.0 s, 4.5x jax.jit's: the floor" in lines[0], lines[0]
     res.cold = {}  # --no-cold: no first-step line rather than the shared-process figures
-    assert not [x for x in compile_report.targets(bench_compile.GPT, {bench_compile.TRAIN: res})
+    assert not [x for x in compile_report.targets(workload_models.GPT, {bench_compile.TRAIN: res})
                 if "first training step" in x]

@@ -3,9 +3,10 @@ with one or two calls each, and the report they render (nothing is written to do
 import pytest
 
 from torch_tpu_tools.bench import modes, modes_report
+from torch_tpu_tools.workloads import decoder
 
-TINY = modes.Spec(hidden=16, layers=1, heads=2, kv_heads=1, vocab=64, seq=8, batch=2,
-                  prompt=4, new_tokens=2, gen_batch=1)
+TINY = decoder.DecoderSpec(hidden=16, layers=1, heads=2, kv_heads=1, vocab=64, seq=8, batch=2,
+                           prompt=4, new_tokens=2, gen_batch=1, pad=0)
 
 
 def test_bench_is_registered():
@@ -16,7 +17,7 @@ def test_bench_is_registered():
 
 @pytest.mark.slow
 def test_measuring_functions_and_report():
-    base = modes.build_model("llama", TINY)
+    base = decoder.build_model(TINY, "llama")
     # DeferAndFuse only among the tpu modes: compiles dominate this test's time, and the
     # Strict and Debug paths differ from it only in the mode entered
     train = modes.measure(base, "llama", modes.TRAIN, TINY,

@@ -24,10 +24,10 @@ def test_model_flops_match_xla_cost_analysis():
     import jax
 
     from torch_tpu_tools.bench import compile as bench_compile
-    from torch_tpu_tools.bench import llama
+    from torch_tpu_tools.workloads import decoder
 
     spec = scaling.spec_for(64, 4, 32)
-    model = llama.build_model(spec)
+    model = decoder.build_model(spec)
     params, _, forward = bench_compile.jax_llama(model, spec)
     ids = jax.numpy.zeros((spec.batch, spec.seq), jax.numpy.int32)
     cost = forward.lower(params, ids).compile().cost_analysis()

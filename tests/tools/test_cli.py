@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"  # the checkout's own docs
 
 
 def run_cli(*args, timeout=600):
@@ -91,9 +94,9 @@ def test_each_bench_section_carries_its_notes_from_docs(name):
     the section the bench last wrote into PERFORMANCE.md holds it word for word."""
     from torch_tpu_tools.bench import common
 
-    notes = common.notes(name)
+    notes = common.notes(DOCS, name)
     assert notes.startswith("### Reading these numbers\n\n- **"), notes[:80]
-    section = common.PERFORMANCE_MD.read_text().split(f"<!-- bench:{name}:begin -->")[1]
+    section = (DOCS / "PERFORMANCE.md").read_text().split(f"<!-- bench:{name}:begin -->")[1]
     assert notes in section.split(f"<!-- bench:{name}:end -->")[0], (
         f"PERFORMANCE.md's {name} notes differ from docs/bench_notes/{name}.md: edit the "
         "notes there (a bench run rewrites its section from them), then copy them over")

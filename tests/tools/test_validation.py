@@ -2,9 +2,10 @@
 the default test run: about 60 OpInfo ops (the first samples of each, forward and
 gradient) and 15 transformers architectures, in Strict mode, plus the judges themselves.
 
-Known failures come from the generated src/torch_tpu/validation/expected_failures.json
-(ops) and docs/validation/models-strict.json (models): they are strict xfails, so a fix
-shows up as XPASS until the sweep is rerun and the file regenerated.
+Known failures come from one home, the files the Strict sweeps' report step generates
+(`python -m torch_tpu validate report`): torch_tpu_tools/validation/expected/ops.json and
+expected/models.json, package data. They are strict xfails, so a fix shows up as XPASS until
+the sweep is rerun and the file regenerated.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ SAMPLES = 4  # the first samples of each op: the full sweep runs all of them
 MODELS = ["llama", "gpt2", "bert", "t5", "mistral", "qwen2", "mixtral", "opt", "roberta",
           "distilbert", "vit", "resnet", "convnext", "whisper", "gemma"]
 
-_XFAIL = report.load_expected_failures()
+_XFAIL = report.load_expected("ops")
 
 
 def _op_params():
@@ -67,15 +68,11 @@ def test_op_matches_cpu(opinfo, dtype):
 def _model_params():
     from torch_tpu_tools.validation import models
 
-    known = report.load("models", "strict")["results"]
+    known = report.load_expected("models")
     types = models.model_types()
     params = []
     for mt in MODELS:
-        prev = known.get(mt, {})
-        marks = []
-        if prev.get("status") not in (None, "pass", "cpu_fail"):
-            marks.append(pytest.mark.xfail(reason=f"{prev.get('error')}: {prev.get('detail')}",
-                                           strict=True))
+        marks = [pytest.mark.xfail(reason=known[mt], strict=True)] if mt in known else []
         params.append(pytest.param(mt, *types[mt], id=mt, marks=marks))
     return params
 
@@ -143,12 +140,26 @@ def test_shrinker_makes_every_size_small_and_keeps_hybrid_layer_kinds():
     assert d["num_attention_heads"] == 12
 
 
-def test_expected_failures_file_is_generated_op_dtype_reason():
-    data = json.loads(report.EXPECTED_FAILURES.read_text())
-    assert "_generated" in data
-    for op, by_dtype in report.load_expected_failures().items():
+def test_expected_failures_files_are_generated_with_reasons():
+    for kind in ("ops", "models"):
+        assert "_generated" in json.loads((report.EXPECTED / f"{kind}.json").read_text())
+    for op, by_dtype in report.load_expected("ops").items():
         assert set(by_dtype) <= set(ops.DTYPES), op
         assert all(isinstance(r, str) and r for r in by_dtype.values()), op
+    assert all(isinstance(r, str) and r for r in report.load_expected("models").values())
+
+
+def test_expected_failures_are_generated_from_sweep_results(tmp_path):
+    """The report step's rule: a model type is expected to fail when it runs on CPU but
+    not on tpu; an op x dtype pair when its status is fail; each with its reason."""
+    results = {"a": {"status": "pass"}, "b": {"status": "cpu_fail", "error": "E"},
+               "c": {"status": "mismatch", "error": "Mismatch", "detail": "out[0] differs"}}
+    report.write_expected("models", results, tmp_path)
+    assert report.load_expected("models", tmp_path) == {"c": "Mismatch: out[0] differs"}
+    op_results = {"abs": {"float32": {"status": "pass"},
+                          "int64": {"status": "fail", "kind": "error", "detail": "boom"}}}
+    report.write_expected("ops", op_results, tmp_path)
+    assert report.load_expected("ops", tmp_path) == {"abs": {"int64": "error: boom"}}
 
 
 @pytest.mark.slow

@@ -3,8 +3,9 @@ side, in one process, and write their tables and charts into OUT/PERFORMANCE.md 
 default ./docs).
 
 `BENCHES` is the dispatch table: name -> (module, help).
-A bench module provides `add_arguments(parser)` and `main(args) -> int`. Add a line here
-to add a bench; common.py has the shared timing, table and report helpers.
+A bench module provides `add_arguments(parser)` (with common.add_output_arguments: `--out`,
+`--no-write`) and `main(args) -> int`. Add a line here to add a bench; common.py has the
+shared timing, table and report helpers.
 """
 
 BENCHES = {
@@ -14,8 +15,8 @@ BENCHES = {
     "collectives": ("torch_tpu_tools.bench.collectives", "tpu_dist all_reduce/all_gather bus bandwidth vs gloo, 2 processes, 4 KB-64 MB"),
     "scaling": ("torch_tpu_tools.bench.scaling", "Llama train/generate across widths 64-1024 and 128-4096 tokens: eager modes, compiled, CPU eager, inductor, jax.jit; ratio vs FLOPs"),
     "modes": ("torch_tpu_tools.bench.modes", "eager modes on small Llama/Qwen2: Strict vs DeferAndFuse vs Debug vs CPU eager (train, generate, memory, per-op recording)"),
-    "soak": ("torch_tpu_tools.bench.soak", "1,000 training steps with generation: RSS, device bytes, objects and programs stay flat (docs/RELIABILITY.md)"),
-    "rl": ("torch_tpu_tools.bench.rl", "the GRPO loop of examples/grpo.py: rollout, scoring, reference, update on tpu (Strict, DeferAndFuse, compiled) vs CPU eager"),
+    "soak": ("torch_tpu_tools.bench.soak", "1,000 training steps with generation: RSS, device bytes, objects and programs stay flat (OUT/RELIABILITY.md)"),
+    "rl": ("torch_tpu_tools.bench.rl", "the GRPO loop (torch_tpu_tools.grpo, run by examples/grpo.py): rollout, scoring, reference, update on tpu (Strict, DeferAndFuse, compiled) vs CPU eager"),
     "shapes": ("torch_tpu_tools.bench.shapes", "varying shapes (issue 15): generate at 16/64/256 tokens, variable-length training, the source[i:i+bptt] loop, cold generate in fresh processes; programs, cold s, warm vs CPU eager"),
 }
 

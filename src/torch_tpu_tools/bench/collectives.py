@@ -34,7 +34,7 @@ def add_arguments(p) -> None:
                    help="comma-separated sizes (K/M suffixes), default %(default)s")
     p.add_argument("--rounds", type=int, default=9, help="interleaved rounds per size")
     p.add_argument("--nproc", type=int, default=2, help="processes (default 2)")
-    p.add_argument("--no-write", action="store_true", help="print only; leave PERFORMANCE.md")
+    common.add_output_arguments(p, "PERFORMANCE.md")
 
 
 def _parse_size(s: str) -> int:
@@ -228,8 +228,7 @@ def main(args) -> int:
             + f"\n\nWall time of the run: {time.time() - t0:.0f} s.")
     print(body)
     if not args.no_write:
-        common.write_section("collectives", "Collectives: tpu_dist vs gloo", body)
-        print(f"\nwrote {common.PERFORMANCE_MD}", file=sys.stderr)
+        common.publish(args.out, "collectives", "Collectives: tpu_dist vs gloo", body)
     return 0
 
 

@@ -1,12 +1,15 @@
-"""Shared benchmark helpers: synchronization, interleaved timing, the report section in
-docs/PERFORMANCE.md, and bar charts.
+"""Shared benchmark helpers: synchronization, interleaved timing, the output folder, the
+report section in OUT/PERFORMANCE.md, and bar charts.
 
-Each bench owns one section of PERFORMANCE.md, between `<!-- bench:NAME:begin -->` and
-`<!-- bench:NAME:end -->`; rerunning the bench replaces its section and leaves the
-others alone.
+The output folder is an argument (`--out DIR`, default ./docs: the checkout's docs/ when
+run from its root), never a path derived from where the code lives: an installed wheel
+has no docs/. Each bench owns one section of PERFORMANCE.md, between
+`<!-- bench:NAME:begin -->` and `<!-- bench:NAME:end -->`; rerunning the bench replaces its
+section and leaves the others alone.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pathlib
@@ -18,10 +21,6 @@ import time
 
 import torch
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
-DOCS = REPO / "docs"
-PERFORMANCE_MD = DOCS / "PERFORMANCE.md"
-
 _HEADER = """# Performance
 
 Measured numbers, written by the benchmarks themselves (`python -m torch_tpu bench ...`).
@@ -29,6 +28,47 @@ Each section names the exact command that produced it and when. All runs here ar
 XLA:CPU (the machines are CPU-only), so "tpu" means the tpu device running on XLA:CPU:
 the numbers show torch_tpu's own overhead, not TPU speed.
 """
+
+
+def add_output_arguments(p, writes: str = "PERFORMANCE.md and the chart",
+                         no_write: bool = True) -> None:
+    """`--out DIR` (and `--no-write`): the same on every bench and on `validate`."""
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("docs"), metavar="DIR",
+                   help=f"the docs folder: {writes} go there, and a bench's notes are read "
+                        "from DIR/bench_notes/NAME.md (default: ./docs)")
+    if no_write:
+        p.add_argument("--no-write", action="store_true", help="print only; write nothing")
+
+
+def publish(out: pathlib.Path, name: str, title: str, body: str, charts: dict | None = None,
+            md: str = "PERFORMANCE.md") -> None:
+    """Draw each chart (file name -> draw(path)) into `out`, replace this bench's section of
+    OUT/md, and say what was written."""
+    for file, draw in (charts or {}).items():
+        draw(out / file)
+    write_section(name, title, body, out / md)
+    print(f"\nwrote {out / md}" + "".join(f", {out / f}" for f in charts or {}))
+
+
+def eager(mode: str | None):
+    """The tpu eager mode `mode` as a context; none for CPU eager (`None` or "cpu")."""
+    if mode in (None, "cpu"):
+        return contextlib.nullcontext()
+    import torch_tpu
+
+    return torch_tpu.eager_mode(mode)
+
+
+def programs() -> int:
+    """Programs compiled so far in this process, every kind: XLA compiles plus persistent
+    (disk) cache hits."""
+    kinds = torch.tpu.compile_cache_stats(programs=False, disk=False)["kinds"]
+    return sum(k["xla_compiles"] + k["disk_hits"] for k in kinds.values())
+
+
+def one_line(e: BaseException, limit: int = 160) -> str:
+    """An error as one table cell: its type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:limit]
 
 
 def sync(device: str) -> None:
@@ -92,10 +132,10 @@ def environment_line() -> str:
             "(a load above the core count slows CPU eager's thread team most)")
 
 
-def notes(name: str) -> str:
-    """A bench's hand-written reading of its figures, docs/bench_notes/NAME.md (prose kept
+def notes(out: pathlib.Path, name: str) -> str:
+    """A bench's hand-written reading of its figures, OUT/bench_notes/NAME.md (prose kept
     with the docs and edited there after a run), under its heading; "" if there is none."""
-    path = DOCS / "bench_notes" / f"{name}.md"
+    path = out / "bench_notes" / f"{name}.md"
     return f"### Reading these numbers\n\n{path.read_text().strip()}" if path.exists() else ""
 
 
@@ -107,8 +147,8 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def write_section(name: str, title: str, body: str, path: pathlib.Path = PERFORMANCE_MD) -> None:
-    """Replace (or append) this bench's section of PERFORMANCE.md."""
+def write_section(name: str, title: str, body: str, path: pathlib.Path) -> None:
+    """Replace (or append) this bench's section of the markdown file `path`."""
     begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     section = (f"{begin}\n## {title}\n\n"

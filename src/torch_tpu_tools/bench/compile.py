@@ -1,7 +1,7 @@
 """`python -m torch_tpu bench compile`: small models, compiled and eager, side by side.
 
-Two models (`--model`): the small HF Llama (bench/llama.py) and a nanoGPT-style GPT-2
-(bench/gpt.py: `nn.Linear` attention into SDPA, GELU MLP, LayerNorm, tied embeddings,
+Two models (`--model`): the small HF Llama (workloads/decoder.py) and a nanoGPT-style GPT-2
+(workloads/gpt.py: `nn.Linear` attention into SDPA, GELU MLP, LayerNorm, tied embeddings,
 AdamW with weight-decay groups). Contestants, each running the same model (same initial
 weights, same batches) in one process, interleaved round by round so machine noise falls
 on all alike:
@@ -23,20 +23,20 @@ compiled step beside the jax.jit one's.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import itertools
-import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 
 import torch
 
-from . import common, gpt, llama
+from .. import workloads
+from ..workloads import decoder
+from ..workloads.models import LLAMA, MODELS, Model
+from . import common
 from .compile_report import INFER, TRAIN, chart, render
 
 
@@ -50,99 +50,7 @@ class Result:
     cold: dict = dataclasses.field(default_factory=dict)      # name -> cold first step s
 
 
-# ---------------------------------------------------------------- the models
-@dataclasses.dataclass(frozen=True)
-class Model:
-    """A benchmark model: how to build it, its batches (tuples of CPU tensors), optimizer,
-    training loss and inference output, and its hand-written JAX twin: `jax(model)` ->
-    (params keyed by `named_parameters()`, loss_fn(params, *batch), forward(params, x))."""
-    name: str
-    spec: object                                    # the default size
-    describe: Callable[[object], str]
-    build: Callable[[object], torch.nn.Module]
-    batches: Callable[[object, int], list]
-    optimizer: Callable[[torch.nn.Module, object], torch.optim.Optimizer]
-    loss: Callable                                  # (forward callable, *batch) -> loss
-    infer: Callable                                 # (forward callable, x) -> output
-    jax: Callable
-
-
-def _llama_batches(spec, n):
-    return [(ids,) for ids in llama.make_batches(spec, n)]
-
-
-LLAMA = Model(
-    "small Llama", llama.LlamaSpec(),
-    lambda s: (f"HF LlamaForCausalLM, hidden {s.hidden}, {s.layers} layers, {s.heads} heads, "
-               f"vocab {s.vocab}, batch {s.batch} x seq {s.seq}, AdamW lr {s.lr}"),
-    llama.build_model, _llama_batches, llama.make_optimizer,
-    lambda f, ids: f(input_ids=ids, labels=ids).loss,
-    lambda f, ids: f(input_ids=ids).logits,
-    lambda model: jax_llama_math(model))
-GPT = Model(
-    "GPT", gpt.GPTSpec(),
-    lambda s: (f"nanoGPT-style GPT-2, width {s.width}, {s.layers} layers, {s.heads} heads, "
-               f"vocab {s.vocab}, tied embeddings, batch {s.batch} x block {s.block}, "
-               f"AdamW lr {s.lr}, betas {s.betas}, weight decay {s.weight_decay} on matrices"),
-    gpt.build_model, gpt.make_batches, gpt.make_optimizer,
-    lambda f, x, y: f(x, y)[1],
-    lambda f, x: f(x)[0],
-    gpt.jax_gpt)
-MODELS = {"llama": LLAMA, "gpt": GPT}
-
-
-# ---------------------------------------------------------------- the hand-written JAX versions
-def jax_llama_math(model):
-    """(params, loss_fn(p, ids), forward(p, ids)) of a JAX Llama equal to HF's
-    LlamaForCausalLM with the weights of `model` (fp32)."""
-    import jax
-    import jax.numpy as jnp
-
-    cfg = model.config
-    hidden, nh = cfg.hidden_size, cfg.num_attention_heads
-    hd = hidden // nh
-    eps = cfg.rms_norm_eps
-    theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-    params = {k: jnp.asarray(v.detach().cpu().numpy()) for k, v in model.named_parameters()}
-
-    def rms(x, w):
-        return w * (x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps))
-
-    def rotate(x):
-        return jnp.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)
-
-    def forward(p, ids):
-        b, s = ids.shape
-        inv = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
-        freqs = jnp.arange(s, dtype=jnp.float32)[:, None] * inv[None]
-        emb = jnp.concatenate([freqs, freqs], -1)
-        cos, sin = jnp.cos(emb), jnp.sin(emb)
-        causal = jnp.tril(jnp.ones((s, s), bool))
-        x = p["model.embed_tokens.weight"][ids]
-        for i in range(cfg.num_hidden_layers):
-            pre = f"model.layers.{i}."
-            h = rms(x, p[pre + "input_layernorm.weight"])
-
-            def heads(name, h=h, pre=pre):
-                return (h @ p[pre + f"self_attn.{name}.weight"].T).reshape(b, s, nh, hd).transpose(0, 2, 1, 3)
-
-            q, k, v = heads("q_proj"), heads("k_proj"), heads("v_proj")
-            q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
-            scores = jnp.where(causal, q @ k.swapaxes(-1, -2) / math.sqrt(hd), -jnp.inf)
-            attn = jax.nn.softmax(scores, -1) @ v
-            x = x + attn.transpose(0, 2, 1, 3).reshape(b, s, hidden) @ p[pre + "self_attn.o_proj.weight"].T
-            h = rms(x, p[pre + "post_attention_layernorm.weight"])
-            gate = jax.nn.silu(h @ p[pre + "mlp.gate_proj.weight"].T)
-            x = x + (gate * (h @ p[pre + "mlp.up_proj.weight"].T)) @ p[pre + "mlp.down_proj.weight"].T
-        return rms(x, p["model.norm.weight"]) @ p["lm_head.weight"].T
-
-    def loss_fn(p, ids):
-        logp = jax.nn.log_softmax(forward(p, ids)[:, :-1], -1)
-        return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], -1))
-
-    return params, loss_fn, forward
-
-
+# ---------------------------------------------------------------- the hand-written JAX step
 def jax_adamw_step(loss_fn, model, opt):
     """train_step(p, m, v, t, *batch) -> (p, m, v, t, loss): `jax.value_and_grad(loss_fn)`
     and torch.optim.AdamW's update, each parameter with its group's lr, betas, eps and
@@ -171,11 +79,11 @@ def jax_adamw_step(loss_fn, model, opt):
 
 def jax_llama(model, spec):
     """(params, train_step, forward) of the JAX Llama, jitted, AdamW as
-    llama.make_optimizer's (training buffers donated)."""
+    decoder.make_optimizer's (training buffers donated)."""
     import jax
 
-    params, loss_fn, forward = jax_llama_math(model)
-    step = jax_adamw_step(loss_fn, model, llama.make_optimizer(model, spec))
+    params, loss_fn, forward, _ = decoder.jax_llama_math(model)
+    step = jax_adamw_step(loss_fn, model, decoder.make_optimizer(model, spec))
     return params, jax.jit(step, donate_argnums=(0, 1, 2)), jax.jit(forward)
 
 
@@ -230,7 +138,7 @@ class TorchRunner:
         # the last output stays alive until the next step: torch.tpu.synchronize() waits
         # for the live buffers, so work whose results were all dropped is not waited for
         self.last = None
-        self.model = llama.replicate(base, device)
+        self.model = workloads.replicate(base, device)
         if workload == INFER:
             self.model.eval()
         self.opt = model.optimizer(self.model, spec) if workload == TRAIN else None
@@ -241,17 +149,10 @@ class TorchRunner:
             if self.opt is not None:
                 self.opt_step = torch.compile(self.opt.step, backend=compile_backend)
 
-    def _context(self):
-        if self.mode is None:
-            return contextlib.nullcontext()
-        import torch_tpu
-
-        return torch_tpu.eager_mode(self.mode)
-
     def step(self, batch, workload, mark=_nomark):
         """One step; `mark(phase)` is called as each phase's host work ends."""
         batch = (batch,) if isinstance(batch, torch.Tensor) else batch
-        with self._context():
+        with common.eager(self.mode):
             batch = [b.to(self.device) for b in batch]
             mark("upload")
             if workload == TRAIN:
@@ -271,7 +172,7 @@ class TorchRunner:
             return self.last
 
     def sync(self):
-        with self._context():
+        with common.eager(self.mode):
             common.sync(self.device)
 
 
@@ -358,7 +259,7 @@ def bench(workload, rounds, skip, progress, model: Model = LLAMA) -> Result:
             res.losses[name] = (_value(first), _value(third))
             runners[name] = r
         except Exception as e:  # noqa: BLE001  (reported in the table, not hidden)
-            res.errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:120]
+            res.errors[name] = common.one_line(e, 120)
 
     def timer(r):
         it = iter(batches[3:] * 1000)
@@ -407,7 +308,6 @@ def cold_first_steps(key: str, threads) -> dict:
 
 def _cold(key: str, name: str, threads) -> None:
     """In the fresh process: build `name`, time its first training step, print seconds."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if threads:
         torch.set_num_threads(threads)
     from torch_tpu import compile as tpu_compile
@@ -439,12 +339,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads for the CPU contestants (default: torch's own choice)")
     p.add_argument("--no-cold", action="store_true",
                    help="leave out the cold first steps (fresh processes: compiled, aot_eager, jax.jit)")
-    p.add_argument("--no-write", action="store_true",
-                   help="print only; leave docs/PERFORMANCE.md and the chart alone")
+    common.add_output_arguments(p)
 
 
 def main(args) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
         torch.set_num_threads(args.threads)
     from torch_tpu import _cache
@@ -469,12 +367,11 @@ def main(args) -> int:
                                      for w in workloads}
             if TRAIN in workloads and not args.no_cold:
                 by_model[MODELS[key]][TRAIN].cold = cold_first_steps(key, args.threads)
-    text = render(by_model, args.rounds, load_start)
+    text = render(by_model, args.rounds, load_start, common.notes(args.out, "compile"))
     print(text)
     if not args.no_write:
-        chart(by_model, common.DOCS / "bench_compile.png")
-        common.write_section("compile", "torch.compile(backend=\"tpu\") vs eager vs jax.jit: "
-                             + " and ".join(MODELS[k].name for k in keys), text)
-        print(f"\nwrote {common.PERFORMANCE_MD.relative_to(common.REPO)} and docs/bench_compile.png")
+        common.publish(args.out, "compile", "torch.compile(backend=\"tpu\") vs eager vs jax.jit: "
+                       + " and ".join(MODELS[k].name for k in keys), text,
+                       {"bench_compile.png": lambda path: chart(by_model, path)})
     tmp.cleanup()
     return 0

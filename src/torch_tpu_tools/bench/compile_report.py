@@ -1,5 +1,5 @@
 """`bench compile`'s report: the tables, the targets against jax.jit, the notes
-(docs/bench_notes/compile.md) and the chart. bench/compile.py measures; this module only
+(OUT/bench_notes/compile.md) and the chart. bench/compile.py measures; this module only
 formats what it measured (a `Result` per model and workload, keyed by the model)."""
 from __future__ import annotations
 
@@ -90,7 +90,8 @@ def targets(model, results: dict) -> list[str]:
     return out
 
 
-def render(by_model: dict, rounds: int, load_start: str) -> str:
+def render(by_model: dict, rounds: int, load_start: str, notes: str = "") -> str:
+    """The section's markdown; `notes`: the bench's hand-written reading (common.notes)."""
     lines = [
         (f"Median ms per step over {rounds} interleaved rounds (one step each, synchronized); "
         "*vs X* is X's time / this one's (higher is faster). The first step includes every "
@@ -127,7 +128,7 @@ def render(by_model: dict, rounds: int, load_start: str) -> str:
         goals += targets(model, results)
     if goals:
         lines += ["### Targets", ""] + goals + [""]
-    lines += [common.notes("compile")]
+    lines += [notes]
     return "\n".join(lines)
 
 

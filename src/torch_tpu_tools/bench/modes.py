@@ -1,6 +1,6 @@
 """`python -m torch_tpu bench modes`: the eager modes side by side on small HF models.
 
-A small Llama and a small Qwen2 (configs built here, random weights, no downloads) run
+A small Llama and a small Qwen2 (workloads/decoder.py: random weights, no downloads) run
 two workloads in four variants, in one process:
   - train: forward + backward + AdamW, `loss.item()` every step (the usual sync point);
   - infer: `model.generate(do_sample=False)`, prefill + greedy decode of N tokens; the
@@ -22,66 +22,20 @@ Strict's dispatch and CPU eager.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
+import dataclasses
 import gc
-import os
 import time
 
 import torch
 
+from ..workloads import decoder
 from . import common, modes_report
-from .modes_types import (INFER, KINDS, TRAIN, VARIANTS, AssertsResult, RecordResult, Spec,
+from .modes_types import (INFER, KINDS, TRAIN, VARIANTS, AssertsResult, RecordResult,
                           WorkloadResult)
 
-
-# ---------------------------------------------------------------- models
-def build_model(kind: str, spec: Spec) -> torch.nn.Module:
-    """A random-weight HF causal LM on CPU, deterministic from `spec.seed`. No EOS token,
-    so greedy decoding always produces exactly `new_tokens` tokens."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import transformers
-
-    kw = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=2 * spec.hidden,
-              num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-              num_key_value_heads=spec.kv_heads,
-              max_position_embeddings=max(128, spec.seq, spec.prompt + spec.new_tokens),
-              tie_word_embeddings=False, attn_implementation="sdpa",
-              bos_token_id=None, eos_token_id=None, pad_token_id=0)
-    if kind == "llama":
-        cfg, cls = transformers.LlamaConfig(**kw), transformers.LlamaForCausalLM
-    elif kind == "qwen2":
-        cfg, cls = transformers.Qwen2Config(**kw), transformers.Qwen2ForCausalLM
-    else:
-        raise ValueError(f"unknown model kind {kind!r}")
-    torch.manual_seed(spec.seed)
-    model = cls(cfg).float()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
-
-
-def train_batches(spec: Spec, n: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(spec.seed + 1)
-    return [torch.randint(0, spec.vocab, (spec.batch, spec.seq), generator=g) for _ in range(n)]
-
-
-def prompt_ids(spec: Spec) -> torch.Tensor:
-    g = torch.Generator().manual_seed(spec.seed + 2)
-    return torch.randint(1, spec.vocab, (spec.gen_batch, spec.prompt), generator=g)
-
-
-def device_of(variant: str) -> str:
-    return "cpu" if variant == "cpu" else "tpu"
-
-
-def mode_context(variant: str):
-    if variant == "cpu":
-        return contextlib.nullcontext()
-    import torch_tpu
-
-    return torch_tpu.eager_mode(variant)
+# GQA (2 KV heads), and token 0 pads: HF generate's pad token (workloads/decoder.py)
+SPEC = decoder.DecoderSpec(kv_heads=2, pad=0)
 
 
 def _counters() -> dict:
@@ -110,22 +64,22 @@ def _resident_bytes(tensors) -> int:
 class Runner:
     """One variant of one workload: its own model replica, and its samples."""
 
-    def __init__(self, base, spec: Spec, variant: str, workload: str, asserts=None):
+    def __init__(self, base, spec: decoder.DecoderSpec, variant: str, workload: str, asserts=None):
         self.spec, self.variant, self.workload = spec, variant, workload
         self.asserts = asserts  # device-side asserts forced on/off; None: as configured
-        self.device = device_of(variant)
+        self.device = "cpu" if variant == "cpu" else "tpu"
         self.tpu = self.device == "tpu"
-        with mode_context(variant):
+        with common.eager(variant):
             self.model = copy.deepcopy(base).to(self.device)
         if workload == TRAIN:
             self.model.train()
-            self.opt = torch.optim.AdamW(self.model.parameters(), lr=spec.lr)
-            self.batches = train_batches(spec, 64)
-            self.tokens = spec.train_tokens
+            self.opt = decoder.make_optimizer(self.model, spec)
+            self.batches = decoder.random_batches(spec, [spec.seq] * 64)
+            self.tokens = spec.tokens_per_step
         else:
             self.model.eval()
             self.opt = None
-            self.prompt = prompt_ids(spec)
+            self.prompt = decoder.prompt_ids(spec)
             self.tokens = spec.infer_tokens
         self.n = 0
         self.seconds: list[float] = []     # measured (warm) samples
@@ -166,7 +120,7 @@ class Runner:
     def run(self) -> tuple[float, int, dict]:
         """One timed call -> (seconds, peak device bytes, metrics counters it moved)."""
         time.sleep(1e-3)  # let the previous contestant's worker threads stop spinning
-        with mode_context(self.variant), _asserts_forced(self.asserts):
+        with common.eager(self.variant), _asserts_forced(self.asserts):
             if self.tpu:
                 torch.tpu.synchronize()
                 torch.tpu.reset_peak_memory_stats()
@@ -203,12 +157,12 @@ class Runner:
         self.model = self.opt = None
 
 
-def measure(base, kind: str, workload: str, spec: Spec, variants=VARIANTS, rounds: int = 5,
+def measure(base, kind: str, workload: str, spec: decoder.DecoderSpec, variants=VARIANTS, rounds: int = 5,
             warmup: int = 1, progress=None) -> WorkloadResult:
     """First call, `warmup` calls, then `rounds` interleaved calls of each variant."""
     from torch_tpu import metrics
 
-    res = WorkloadResult(kind, workload, spec.train_tokens if workload == TRAIN else spec.infer_tokens)
+    res = WorkloadResult(kind, workload, spec.tokens_per_step if workload == TRAIN else spec.infer_tokens)
     runners = {}
     n_reasons = len(metrics.recompile_reasons)
     for v in variants:  # first calls in the order given: Strict pays the shared op analysis
@@ -218,7 +172,7 @@ def measure(base, kind: str, workload: str, spec: Spec, variants=VARIANTS, round
             r.warm(warmup)
             runners[v] = r
         except Exception as e:  # noqa: BLE001  (reported in the table, not hidden)
-            res.errors[v] = _one_line(e)
+            res.errors[v] = common.one_line(e)
         if progress is not None:
             progress.update(1)
 
@@ -227,7 +181,7 @@ def measure(base, kind: str, workload: str, spec: Spec, variants=VARIANTS, round
             try:
                 return r.sample()
             except Exception as e:  # noqa: BLE001
-                res.errors[r.variant] = _one_line(e)
+                res.errors[r.variant] = common.one_line(e)
                 runners.pop(r.variant, None)
                 return float("nan")
         return one
@@ -271,7 +225,7 @@ def _asserts_forced(on):
     return asserts.forced(on)
 
 
-def measure_asserts(base, spec: Spec, rounds: int, warmup: int = 2, progress=None) -> AssertsResult:
+def measure_asserts(base, spec: decoder.DecoderSpec, rounds: int, warmup: int = 2, progress=None) -> AssertsResult:
     """The training step of `base` in Strict and DeferAndFuse, each with device-side asserts
     on and off: four replicas, interleaved round by round like `measure`."""
     res = AssertsResult(rounds)
@@ -284,7 +238,7 @@ def measure_asserts(base, spec: Spec, rounds: int, warmup: int = 2, progress=Non
                 r.warm(warmup)
                 runners[(mode, on)] = r
             except Exception as e:  # noqa: BLE001  (reported, not hidden)
-                res.errors[mode] = _one_line(e)
+                res.errors[mode] = common.one_line(e)
     live = {k: r.sample for k, r in runners.items() if k[0] not in res.errors}
     common.interleaved(live, rounds, progress)
     for mode in ("strict", "defer_and_fuse"):
@@ -368,7 +322,7 @@ def measure_record(n_ops: int = 1000, rounds: int = 9, progress=None) -> RecordR
         try:
             fn()
         except Exception as e:  # noqa: BLE001
-            res.errors[name] = _one_line(e)
+            res.errors[name] = common.one_line(e)
     for k in samples:
         samples[k].clear()
     res.flushed_while_recording = 0
@@ -379,12 +333,6 @@ def measure_record(n_ops: int = 1000, rounds: int = 9, progress=None) -> RecordR
     return res
 
 
-# ---------------------------------------------------------------- helpers
-def _one_line(e: BaseException) -> str:
-    msg = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {msg}"[:160]
-
-
 # ---------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # enough samples that a median is steady on a noisy shared machine (~1 min in all)
@@ -392,8 +340,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="interleaved training steps per variant (default 40)")
     p.add_argument("--infer-rounds", type=int, default=8,
                    help="interleaved generate calls per variant (default 8)")
-    p.add_argument("--new-tokens", type=int, default=Spec.new_tokens,
-                   help=f"greedy tokens per generate call (default {Spec.new_tokens})")
+    p.add_argument("--new-tokens", type=int, default=SPEC.new_tokens,
+                   help=f"greedy tokens per generate call (default {SPEC.new_tokens})")
     p.add_argument("--record-ops", type=int, default=1000,
                    help="ops in the recording-cost chain (default 1000)")
     p.add_argument("--record-rounds", type=int, default=21,
@@ -403,15 +351,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on and off (default 40; 0 skips)")
     p.add_argument("--models", default=",".join(KINDS), help="comma list of llama,qwen2")
     p.add_argument("--workloads", default=f"{TRAIN},{INFER}", help="comma list of train,infer")
-    p.add_argument("--no-write", action="store_true",
-                   help="print only; leave docs/PERFORMANCE.md and the charts alone")
+    common.add_output_arguments(p, "PERFORMANCE.md and the charts")
 
 
 def main(args) -> int:
     import torch_tpu  # noqa: F401  (registers the device)
 
     t_start = time.perf_counter()
-    spec = Spec(new_tokens=args.new_tokens)
+    spec = dataclasses.replace(SPEC, new_tokens=args.new_tokens)
     kinds = [k for k in args.models.split(",") if k]
     workloads = [w for w in args.workloads.split(",") if w]
     rounds = {TRAIN: args.train_rounds, INFER: args.infer_rounds, "record": args.record_rounds}
@@ -422,7 +369,7 @@ def main(args) -> int:
     asserts = None
     with common.progress(total, "bench modes") as bar:
         for kind in kinds:
-            base = build_model(kind, spec)
+            base = decoder.build_model(spec, kind)
             for w in workloads:
                 bar.set_description(f"bench modes: {kind} {w}")
                 results.append(measure(base, kind, w, spec, VARIANTS, rounds[w],
@@ -433,12 +380,11 @@ def main(args) -> int:
         bar.set_description("bench modes: per-op cost")
         rec = measure_record(args.record_ops, args.record_rounds, bar)
     text = modes_report.render(results, rec, spec, rounds, time.perf_counter() - t_start,
-                               asserts)
+                               asserts, common.notes(args.out, "modes"))
     print(text)
     if not args.no_write:
-        modes_report.charts(results, common.DOCS / "bench_modes.png", common.DOCS / "bench_modes_memory.png")
-        common.write_section("modes", "Eager modes: Strict vs DeferAndFuse vs Debug vs CPU eager "
-                             "(small Llama and Qwen2)", text)
-        print(f"\nwrote {common.PERFORMANCE_MD.relative_to(common.REPO)}, docs/bench_modes.png "
-              "and docs/bench_modes_memory.png")
+        common.publish(args.out, "modes", "Eager modes: Strict vs DeferAndFuse vs Debug vs CPU "
+                       "eager (small Llama and Qwen2)", text,
+                       {"bench_modes.png": lambda path: modes_report.throughput_chart(results, path),
+                        "bench_modes_memory.png": lambda path: modes_report.memory_chart(results, path)})
     return 0

@@ -1,11 +1,12 @@
 """The report of `python -m torch_tpu bench modes`: the markdown section for
-docs/PERFORMANCE.md, the verdicts against the issue's targets, and the charts."""
+OUT/PERFORMANCE.md, the verdicts against the issue's targets, and the charts."""
 from __future__ import annotations
 
+from ..workloads.decoder import DecoderSpec
 from . import common
 from .modes_types import (INFER, KIND_LABELS, LABELS, TARGET_ASSERTS_COST,
                           TARGET_DEFER_VS_CPU_TRAIN, TARGET_DEFER_VS_STRICT, TARGET_MEM_RATIO,
-                          TARGET_RECORD_US, TRAIN, VARIANTS, AssertsResult, RecordResult, Spec,
+                          TARGET_RECORD_US, TRAIN, VARIANTS, AssertsResult, RecordResult,
                           WorkloadResult)
 
 
@@ -38,8 +39,10 @@ def _flush_summary(c: dict, calls: int) -> str:
     return f"{n / calls:g} flushes/call ({by}); {per}"
 
 
-def render(results: list[WorkloadResult], rec: RecordResult | None, spec: Spec, rounds: dict,
-           wall_s: float, asserts: AssertsResult | None = None) -> str:
+def render(results: list[WorkloadResult], rec: RecordResult | None, spec: DecoderSpec,
+           rounds: dict, wall_s: float, asserts: AssertsResult | None = None,
+           notes: str = "") -> str:
+    """The section's markdown; `notes`: the bench's hand-written reading (common.notes)."""
     D, S, G, C = "defer_and_fuse", "strict", "debug", "cpu"
     lines = [
         f"Models: {spec.describe()}. Random weights, built from configs in code. Each variant "
@@ -169,7 +172,7 @@ def render(results: list[WorkloadResult], rec: RecordResult | None, spec: Spec, 
 
     if asserts is not None:
         lines += _asserts_section(asserts)
-    lines += ["### Against the issue's targets", ""] + _verdicts(results, rec, asserts) + ["", common.notes("modes")]
+    lines += ["### Against the issue's targets", ""] + _verdicts(results, rec, asserts) + ["", notes]
     return "\n".join(lines)
 
 
@@ -235,14 +238,16 @@ def _verdicts(results, rec, asserts=None) -> list[str]:
     return out
 
 
-def charts(results: list[WorkloadResult], throughput_path, memory_path) -> None:
-    groups = [f"{KIND_LABELS[r.kind]} {r.workload}" for r in results]
-    if not groups:
-        return
-    common.bar_chart(throughput_path, "Throughput by eager mode (tokens/s, higher is better)",
-                     groups, {LABELS[v]: [r.tok_s(v) for r in results] for v in VARIANTS},
+def throughput_chart(results: list[WorkloadResult], path) -> None:
+    common.bar_chart(path, "Throughput by eager mode (tokens/s, higher is better)",
+                     [f"{KIND_LABELS[r.kind]} {r.workload}" for r in results],
+                     {LABELS[v]: [r.tok_s(v) for r in results] for v in VARIANTS},
                      "tokens/s", log=True)
-    common.bar_chart(memory_path, "Peak device memory by eager mode (MiB, lower is better)",
-                     groups, {LABELS[v]: [r.peak.get(v, float("nan")) / 2**20 for r in results]
-                              for v in ("strict", "defer_and_fuse", "debug")},
+
+
+def memory_chart(results: list[WorkloadResult], path) -> None:
+    common.bar_chart(path, "Peak device memory by eager mode (MiB, lower is better)",
+                     [f"{KIND_LABELS[r.kind]} {r.workload}" for r in results],
+                     {LABELS[v]: [r.peak.get(v, float("nan")) / 2**20 for r in results]
+                      for v in ("strict", "defer_and_fuse", "debug")},
                      "MiB", log=False)

@@ -1,6 +1,7 @@
 """What `bench modes` measures and reports with: the variants and workloads, the issue's
-targets, the model spec and the result records. A leaf module, so that the measuring
-(modes.py) and the report (modes_report.py) both import it and not each other."""
+targets and the result records (the model's spec is workloads/decoder.py's). A leaf module,
+so that the measuring (modes.py) and the report (modes_report.py) both import it and not
+each other."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,36 +19,6 @@ TARGET_DEFER_VS_CPU_TRAIN = 1.0
 TARGET_MEM_RATIO = 1.0
 TARGET_RECORD_US = 5.0
 TARGET_ASSERTS_COST = 0.05     # device-side asserts: at most +5% on the training step
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    hidden: int = 64
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
-    vocab: int = 256
-    seq: int = 32          # training sequence length
-    batch: int = 4         # training batch
-    lr: float = 3e-3
-    prompt: int = 8        # inference prompt length
-    new_tokens: int = 8    # greedy tokens generated per call
-    gen_batch: int = 2
-    seed: int = 0
-
-    @property
-    def train_tokens(self) -> int:
-        return self.batch * self.seq
-
-    @property
-    def infer_tokens(self) -> int:
-        return self.gen_batch * self.new_tokens
-
-    def describe(self) -> str:
-        return (f"hidden {self.hidden}, {self.layers} layers, {self.heads} heads "
-                f"({self.kv_heads} KV), vocab {self.vocab}, fp32; train batch x seq = "
-                f"{self.batch} x {self.seq}; generate: batch {self.gen_batch}, prompt "
-                f"{self.prompt}, {self.new_tokens} new tokens")
 
 
 @dataclasses.dataclass
@@ -117,7 +88,6 @@ class AssertsResult:
         when the machine's load drifts. `host`: of the Python thread's CPU time."""
         on, off = (self.host if host else self.samples)[mode]
         return _median([a / b for a, b in zip(on, off) if b > 0]) - 1
-
 
 
 def _median(xs):

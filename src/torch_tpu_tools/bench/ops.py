@@ -136,7 +136,7 @@ def bench_ops(rounds: int, reps: int, progress) -> list[OpResult]:
             except Exception as e:  # noqa: BLE001  (reported in the table, not hidden)
                 nan = float("nan")
                 results.append(OpResult(case.name, size, shapes, {"tpu": nan, "jit": nan, "cpu": nan},
-                                        error=_one_line(e)))
+                                        error=common.one_line(e)))
                 progress.update(rounds)
                 continue
             samples = common.interleaved(fns, rounds, progress)
@@ -154,31 +154,32 @@ class StepResult:
 
 
 def bench_llama(rounds: int, progress) -> StepResult:
-    from . import llama
+    from .. import workloads
+    from ..workloads import decoder
 
-    spec = llama.LlamaSpec()
-    batches = llama.make_batches(spec, rounds + 3)
-    base = llama.build_model(spec)
+    spec = decoder.DecoderSpec()
+    batches = decoder.learnable_batches(spec, rounds + 3)
+    base = decoder.build_model(spec)
     runs = {}
     first = {}
     try:
         for device in ("cpu", "tpu"):
-            model = llama.replicate(base, device)
-            opt = llama.make_optimizer(model, spec)
+            model = workloads.replicate(base, device)
+            opt = decoder.make_optimizer(model, spec)
             it = iter(batches)
             ids = next(it).to(device)
             common.sync(device)
             t0 = time.perf_counter()
-            llama.train_step(model, opt, ids)
+            decoder.train_step(model, opt, ids)
             common.sync(device)
             first[device] = (time.perf_counter() - t0) * 1e3
             for _ in range(2):
-                llama.train_step(model, opt, next(it).to(device))
+                decoder.train_step(model, opt, next(it).to(device))
             common.sync(device)
             runs[device] = (model, opt, it)
     except Exception as e:  # noqa: BLE001  (reported in the table, not hidden)
         progress.update(rounds)
-        return StepResult({}, first, spec.tokens_per_step, error=_one_line(e))
+        return StepResult({}, first, spec.tokens_per_step, error=common.one_line(e))
 
     def step_fn(device):
         model, opt, it = runs[device]
@@ -187,7 +188,7 @@ def bench_llama(rounds: int, progress) -> StepResult:
             ids = next(it).to(device)
             common.sync(device)
             t0 = time.perf_counter()
-            llama.train_step(model, opt, ids)
+            decoder.train_step(model, opt, ids)
             common.sync(device)
             return time.perf_counter() - t0
 
@@ -211,10 +212,6 @@ def _floor_line(results) -> str:
     verdict = "met" if worst <= FLOOR_TARGET_US else "not met"
     return (f"- Strict floor, small size: {each} µs over the bare jax.jit call (target ≤ "
             f"{FLOOR_TARGET_US:g} µs for each: {verdict})")
-
-
-def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def _fmt(x: float, digits: int = 1) -> str:
@@ -292,8 +289,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-rounds", type=int, default=10,
                    help="interleaved Llama training steps per device (default 10)")
     p.add_argument("--no-llama", action="store_true", help="skip the Llama training step")
-    p.add_argument("--no-write", action="store_true",
-                   help="print only; leave docs/PERFORMANCE.md and the chart alone")
+    common.add_output_arguments(p)
 
 
 def main(args) -> int:
@@ -307,8 +303,6 @@ def main(args) -> int:
     text = render(ops, step, args.rounds, args.reps)
     print(text)
     if not args.no_write:
-        chart(ops, common.DOCS / "bench_ops.png")
-        common.write_section("ops", "Per-op overhead: Strict eager vs bare jax.jit vs CPU eager", text)
-        print(f"\nwrote {common.PERFORMANCE_MD.relative_to(common.REPO)} and "
-              f"docs/bench_ops.png")
+        common.publish(args.out, "ops", "Per-op overhead: Strict eager vs bare jax.jit vs CPU eager",
+                       text, {"bench_ops.png": lambda path: chart(ops, path)})
     return 0

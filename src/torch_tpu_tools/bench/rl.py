@@ -1,6 +1,6 @@
-"""`python -m torch_tpu bench rl`: the GRPO loop of examples/grpo.py on tpu and on CPU eager.
+"""`python -m torch_tpu bench rl`: the GRPO loop on tpu and on CPU eager.
 
-The loop is the example's own `GRPO` class (imported from examples/grpo.py: one
+The loop is `torch_tpu_tools.grpo.GRPO`, the one that examples/grpo.py runs (one
 implementation for the example, its tests and this bench): per iteration, the rollout
 (N prompts x G sampled completions, a fixed number of new tokens, temperature and top-k on
 the device's generator), scoring (the toy reward and the group-normalized advantages),
@@ -21,15 +21,14 @@ Also counted: programs compiled during the measured rounds (should be none).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import importlib.util
 import os
-import sys
 import time
 
 import torch
 
+from .. import grpo
+from ..workloads import decoder
 from . import common
 
 PHASES = ("rollout", "scoring", "reference", "update")
@@ -39,43 +38,25 @@ VARIANTS = {  # name -> (device, eager mode, compile the forward)
     "compiled": ("tpu", "strict", True),
     "CPU eager": ("cpu", None, False),
 }
-EXAMPLE = common.REPO / "examples" / "grpo.py"
-
-
-def load_example():
-    """examples/grpo.py as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location("torch_tpu_examples_grpo", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def _mode(mode):
-    if mode is None:
-        return contextlib.nullcontext()
-    import torch_tpu
-
-    return torch_tpu.eager_mode(mode)
 
 
 class Contestant:
     """One variant's GRPO state and its samples."""
 
-    def __init__(self, ex, name, cfg, base, prompts):
+    def __init__(self, name, cfg, base, prompts):
         self.name = name
         self.device, self.mode, compile_ = VARIANTS[name]
         self.prompts = prompts
         self.i = 0
-        with _mode(self.mode):
-            self.grpo = ex.GRPO(cfg, self.device, compile=compile_, model=copy.deepcopy(base))
+        with common.eager(self.mode):
+            self.grpo = grpo.GRPO(cfg, self.device, compile=compile_, model=copy.deepcopy(base))
         self.whole, self.split = [], {p: [] for p in PHASES}
         self.rewards, self.first_s = [], 0.0
 
     def iteration(self, phases=None) -> float:
         prompts = self.prompts[self.i % len(self.prompts)]
         self.i += 1
-        with _mode(self.mode):
+        with common.eager(self.mode):
             time.sleep(1e-3)  # let the previous contestant's worker threads settle (common.timed)
             t0 = time.perf_counter()
             reward, _ = self.grpo.step(prompts, phases)
@@ -96,17 +77,13 @@ class Contestant:
         return dt
 
 
-def _programs(ex) -> int:
-    return ex.compiled_programs()
-
-
-def measure(ex, cfg, names, warmup, rounds, bar):
-    base = ex.build_model(cfg)
-    prompts = ex.prompt_batches(cfg, 16)
+def measure(cfg, names, warmup, rounds, bar):
+    base = decoder.build_model(cfg.model_spec())
+    prompts = grpo.prompt_batches(cfg, 16)
     out = {}
     for name in names:
         bar.set_description(f"bench rl: {name} warm-up")
-        c = out[name] = Contestant(ex, name, cfg, base, prompts)
+        c = out[name] = Contestant(name, cfg, base, prompts)
         t0 = time.perf_counter()
         # whole iterations (the second is the first with AdamW's state), then a split one:
         # its syncs cut DeferAndFuse's graphs elsewhere, so those graphs compile here too
@@ -115,14 +92,14 @@ def measure(ex, cfg, names, warmup, rounds, bar):
             bar.update(1)
         c.first_s = time.perf_counter() - t0
     bar.set_description("bench rl: interleaved rounds")
-    before = _programs(ex)
+    before = grpo.compiled_programs()
     for r in range(rounds):
         kind = "whole_round" if r % 2 == 0 else "split_round"
         common.interleaved({n: getattr(c, kind) for n, c in out.items()}, 1)
         # rotate the order of the next round's contestants (interleaved rotates by round)
         out = dict(list(out.items())[1:] + list(out.items())[:1])
         bar.update(1)
-    compiled = _programs(ex) - before
+    compiled = grpo.compiled_programs() - before
     return {n: out[n] for n in names}, compiled
 
 
@@ -148,9 +125,10 @@ def render(res, compiled, cfg, args, seconds, load_start) -> str:
                     + [ms(sum(split.values())), f"{tokens / split['rollout']:,.0f}",
                        f"{c.first_s:.1f}", f"{sum(r[:3]) / 3:.3f} -> {sum(r[-3:]) / 3:.3f}"])
     lines = [
-        (f"The loop of `examples/grpo.py` (`GRPO`), one implementation for the example, its "
-        f"tests and this bench. Model: Llama, hidden {cfg.hidden}, {cfg.layers} layers, "
-        f"{cfg.heads} heads, vocab {cfg.vocab}, fp32, random weights. Per iteration: "
+        (f"The loop of `torch_tpu_tools.grpo` (`GRPO`, run by `examples/grpo.py`), one "
+        f"implementation for the example, its tests and this bench. Model: Llama, hidden "
+        f"{cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, vocab {cfg.vocab}, fp32, "
+        f"random weights. Per iteration: "
         f"{cfg.prompts} prompts x {cfg.group} completions of {cfg.new_tokens} tokens after a "
         f"{cfg.prompt_len}-token prompt ({tokens} sampled tokens, one full-length forward per "
         f"token over a preallocated buffer), top-k {cfg.top_k}; reference forward; "
@@ -164,7 +142,7 @@ def render(res, compiled, cfg, args, seconds, load_start) -> str:
         f"Programs compiled during the measured rounds, all tpu variants: {compiled}. "
         f"Whole run: {seconds:.0f} s. Load average (`uptime`) at the start: {load_start}."),
         "", common.markdown_table(header, rows), "", "![GRPO iteration by phase](bench_rl.png)", ""]
-    lines += [common.notes("rl"), "", "### Against the issue's target", ""]
+    lines += [common.notes(args.out, "rl"), "", "### Against the issue's target", ""]
     for name, c in res.items():
         if c is cpu or cpu is None:
             continue
@@ -195,8 +173,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads (default 1: on a shared 2-core machine CPU eager's "
                         "thread team spin-waits against other load; measured here at load 6, "
                         "one GRPO iteration took 5.9 s with 2 threads, 0.27 s with 1)")
-    p.add_argument("--no-write", action="store_true",
-                   help="print only; leave docs/PERFORMANCE.md and the chart alone")
+    common.add_output_arguments(p)
 
 
 def main(args) -> int:
@@ -209,17 +186,12 @@ def main(args) -> int:
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
     torch.set_num_threads(args.threads)
-    ex = load_example()
-    cfg = ex.Config()
+    cfg = grpo.Config()
     with common.progress(len(names) * (args.warmup + 1) + args.rounds, "bench rl") as bar:
-        res, compiled = measure(ex, cfg, names, args.warmup, args.rounds, bar)
+        res, compiled = measure(cfg, names, args.warmup, args.rounds, bar)
     text = render(res, compiled, cfg, args, time.perf_counter() - t0, load_start)
     print(text)
     if not args.no_write:
-        try:
-            chart(res, common.DOCS / "bench_rl.png")
-        except ImportError:
-            text = text.replace("![GRPO iteration by phase](bench_rl.png)", "")
-        common.write_section("rl", "RL: the GRPO loop on tpu vs CPU eager", text)
-        print(f"\nwrote {common.PERFORMANCE_MD.relative_to(common.REPO)} and docs/bench_rl.png")
+        common.publish(args.out, "rl", "RL: the GRPO loop on tpu vs CPU eager", text,
+                       {"bench_rl.png": lambda path: chart(res, path)})
     return 0

@@ -3,7 +3,7 @@
 A sweep over the model's width (hidden size) and the tokens per call (batch x sequence),
 for two workloads of the same HF `LlamaForCausalLM` (2 layers, vocab 256, intermediate
 2 x width, head size 16-64):
-  - train:    forward, backward and AdamW (bench/llama.py's workload);
+  - train:    forward, backward and AdamW (workloads/decoder.py's workload);
   - generate: greedy `model.generate(max_new_tokens=N)` of a batch of prompts, N fixed
               and small (default 8), so prefill dominates the large cells and the decode
               steps' dispatch the small ones;
@@ -23,7 +23,6 @@ counted below), a plot of ratio vs FLOPs, and where each mode crosses CPU eager.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import math
@@ -32,7 +31,9 @@ import time
 
 import torch
 
-from . import common, llama, scaling_report
+from .. import workloads
+from ..workloads import decoder
+from . import common, scaling_report
 from .compile import TRAIN, JaxRunner, TorchRunner
 from .scaling_report import SHORT
 
@@ -52,8 +53,10 @@ QUICK_CELLS = ((64, (4, 32)), (256, (8, 64)))
 SAMPLE_S = 0.05   # a sample is a batch of calls at least this long (timer noise)
 
 
-def spec_for(width: int, batch: int, seq: int) -> llama.LlamaSpec:
-    return llama.LlamaSpec(hidden=width, heads=max(4, width // 64), batch=batch, seq=seq)
+def spec_for(width: int, batch: int, seq: int, new_tokens: int = 8) -> decoder.DecoderSpec:
+    """A cell's Llama; generation prompts it with its whole batch x seq."""
+    return decoder.DecoderSpec(hidden=width, heads=max(4, width // 64), batch=batch, seq=seq,
+                               gen_batch=batch, prompt=seq, new_tokens=new_tokens)
 
 
 # ---------------------------------------------------------------- model FLOPs
@@ -85,58 +88,21 @@ def jax_generate(model, new_tokens: int):
     import jax
     import jax.numpy as jnp
 
+    params, _, _, cached = decoder.jax_llama_math(model)
     cfg = model.config
-    hidden, nh, layers = cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers
-    hd = hidden // nh
-    eps = cfg.rms_norm_eps
-    theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-    params = {k: jnp.asarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
-
-    def rms(x, w):
-        return w * (x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps))
-
-    def rotate(x):
-        return jnp.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)
-
-    def forward(p, ids, pos0, ck, cv):
-        """Logits of the last position of `ids` (b, s), at positions pos0.. ; the keys and
-        values written into the caches ck, cv (layers, b, heads, T, head size)."""
-        b, s = ids.shape
-        pos = pos0 + jnp.arange(s)
-        inv = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
-        freqs = pos.astype(jnp.float32)[:, None] * inv[None]
-        emb = jnp.concatenate([freqs, freqs], -1)
-        cos, sin = jnp.cos(emb), jnp.sin(emb)
-        visible = jnp.arange(ck.shape[3])[None, :] <= pos[:, None]
-        x = p["model.embed_tokens.weight"][ids]
-        for i in range(layers):
-            pre = f"model.layers.{i}."
-            h = rms(x, p[pre + "input_layernorm.weight"])
-
-            q, k, v = ((h @ p[pre + f"self_attn.{n}.weight"].T).reshape(b, s, nh, hd).transpose(0, 2, 1, 3)
-                       for n in ("q_proj", "k_proj", "v_proj"))
-            q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
-            ck = jax.lax.dynamic_update_slice(ck, k[None], (i, 0, 0, pos0, 0))
-            cv = jax.lax.dynamic_update_slice(cv, v[None], (i, 0, 0, pos0, 0))
-            scores = jnp.where(visible, q @ ck[i].swapaxes(-1, -2) / math.sqrt(hd), -jnp.inf)
-            attn = jax.nn.softmax(scores, -1) @ cv[i]
-            x = x + attn.transpose(0, 2, 1, 3).reshape(b, s, hidden) @ p[pre + "self_attn.o_proj.weight"].T
-            h = rms(x, p[pre + "post_attention_layernorm.weight"])
-            gate = jax.nn.silu(h @ p[pre + "mlp.gate_proj.weight"].T)
-            x = x + (gate * (h @ p[pre + "mlp.up_proj.weight"].T)) @ p[pre + "mlp.down_proj.weight"].T
-        last = rms(x[:, -1], p["model.norm.weight"])
-        return last @ p["lm_head.weight"].T, ck, cv
+    layers, nh = cfg.num_hidden_layers, cfg.num_attention_heads
+    hd = cfg.hidden_size // nh
 
     def generate(p, prompt):
         b, n = prompt.shape
         cache = jnp.zeros((layers, b, nh, n + new_tokens, hd), jnp.float32)
-        logits, ck, cv = forward(p, prompt, 0, cache, cache)
+        logits, ck, cv = cached(p, prompt, 0, cache, cache)
         tok = jnp.argmax(logits, -1).astype(prompt.dtype)
         out = jnp.zeros((b, new_tokens), prompt.dtype).at[:, 0].set(tok)
 
         def decode(i, carry):
             tok, ck, cv, out = carry
-            logits, ck, cv = forward(p, tok[:, None], n + i - 1, ck, cv)
+            logits, ck, cv = cached(p, tok[:, None], n + i - 1, ck, cv)
             tok = jnp.argmax(logits, -1).astype(prompt.dtype)
             return tok, ck, cv, out.at[:, i].set(tok)
 
@@ -170,40 +136,19 @@ class TorchGenRunner:
         from transformers import CompileConfig
 
         self.device, self.mode = device, mode
-        self.model = llama.replicate(base, device).eval()
+        self.model = workloads.replicate(base, device).eval()
         self.kw = {"max_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0}
         if compile_backend is not None:
             cc = CompileConfig(backend=compile_backend, mode="default")
             cc._compile_all_devices = device == "cpu"  # HF compiles on accelerators only
             self.kw.update(cache_implementation="static", compile_config=cc)
 
-    def _context(self):
-        if self.mode is None:
-            return contextlib.nullcontext()
-        import torch_tpu
-
-        return torch_tpu.eager_mode(self.mode)
-
     def step(self, prompt):
-        with self._context(), torch.no_grad():
+        with common.eager(self.mode), torch.no_grad():
             return self.model.generate(prompt.to(self.device), **self.kw).cpu()
 
     def sync(self):
         pass  # step() ends in the host copy of the tokens
-
-
-def gen_base(spec, new_tokens):
-    base = llama.build_model(spec).eval()
-    base.config.max_position_embeddings = max(base.config.max_position_embeddings,
-                                              spec.seq + new_tokens)
-    base.generation_config.eos_token_id = None  # no early stop: exactly new_tokens tokens
-    base.generation_config.pad_token_id = 0
-    return base
-
-
-def prompts(spec) -> torch.Tensor:
-    g = torch.Generator().manual_seed(spec.seed + 2)
-    return torch.randint(1, spec.vocab, (spec.batch, spec.seq), generator=g)
 
 
 class TrainRunner:
@@ -266,20 +211,15 @@ class Cell:
         return b / a if a and b else float("nan")
 
 
-def _one_line(e: BaseException) -> str:
-    msg = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {msg}"[:140]
-
-
 def measure_cell(workload, width, batch, seq, names, new_tokens, cell_s, min_rounds, bar) -> Cell:
-    spec = spec_for(width, batch, seq)
+    spec = spec_for(width, batch, seq, new_tokens)
     cell = Cell(workload, width, batch, seq, flops(spec, workload, new_tokens))
+    base = decoder.build_model(spec)
     if workload == TRAIN:
-        base = llama.build_model(spec)
-        inputs = llama.make_batches(spec, 8)
+        inputs = decoder.learnable_batches(spec, 8)
     else:
-        base = gen_base(spec, new_tokens)
-        inputs = [prompts(spec)]
+        base.eval()
+        inputs = [decoder.prompt_ids(spec)]
     torch._dynamo.reset()  # each cell compiles afresh: no automatic dynamic across widths
     runners, est, outputs = {}, {}, {}
     for name, make in contestants(base, spec, workload, new_tokens, names).items():
@@ -301,7 +241,7 @@ def measure_cell(workload, width, batch, seq, names, new_tokens, cell_s, min_rou
             outputs[name] = out
             runners[name] = r
         except Exception as e:  # noqa: BLE001  (reported in the table, not hidden)
-            cell.errors[name] = _one_line(e)
+            cell.errors[name] = common.one_line(e, 140)
         bar.update(1)
     if workload == GEN and "CPU eager" in outputs:
         cell.disagree = [n for n, o in outputs.items() if not torch.equal(o, outputs["CPU eager"])]
@@ -319,7 +259,7 @@ def measure_cell(workload, width, batch, seq, names, new_tokens, cell_s, min_rou
             try:
                 return fn()
             except Exception as e:  # noqa: BLE001
-                cell.errors[name] = _one_line(e)
+                cell.errors[name] = common.one_line(e, 140)
                 return float("nan")
         return one
 
@@ -458,12 +398,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-gemms", metavar="WIDTH:BATCHxSEQ", default=None,
                    help="instead of the sweep, time the training step's matmuls of one cell "
                         "in torch.mm vs XLA:CPU's dot (e.g. 512:16x256)")
-    p.add_argument("--no-write", action="store_true",
-                   help="print only; leave docs/PERFORMANCE.md and the plot alone")
+    common.add_output_arguments(p, "PERFORMANCE.md and the plot")
 
 
 def main(args) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch_tpu  # noqa: F401  (registers the device)
 
     from torch_tpu import compile as tpu_compile
@@ -489,8 +427,7 @@ def main(args) -> int:
                                  load_before, load_after)
     print(text)
     if not args.no_write:
-        scaling_report.plot(results, names, common.DOCS / "bench_scaling.png")
-        common.write_section("scaling", "Scaling: Llama train and generate across widths and "
-                             "tokens per call", text + "\n\n" + common.notes("scaling"))
-        print(f"\nwrote {common.PERFORMANCE_MD.relative_to(common.REPO)} and docs/bench_scaling.png")
+        common.publish(args.out, "scaling", "Scaling: Llama train and generate across widths and "
+                       "tokens per call", text + "\n\n" + common.notes(args.out, "scaling"),
+                       {"bench_scaling.png": lambda path: scaling_report.plot(results, names, path)})
     return 0

@@ -43,30 +43,23 @@ import time
 
 import torch
 
+from ..workloads import decoder, wordlm
+from ..workloads.decoder import DecoderSpec
 from . import common
-from .modes import build_model, prompt_ids
-from .modes_types import Spec
 
 MODES = ("strict", "defer_and_fuse", "compiled")
 LABELS = {"strict": "Strict", "defer_and_fuse": "DeferAndFuse",
           "compiled": "compiled (static cache / torch.compile)"}
-SPEC = Spec(hidden=48, layers=3, heads=4, kv_heads=2, vocab=256, seq=512, batch=2,
-            prompt=8, new_tokens=256, gen_batch=1)
-QUICK_SPEC = Spec(hidden=16, layers=1, heads=2, kv_heads=1, vocab=64, seq=24, batch=2,
-                  prompt=4, new_tokens=4, gen_batch=1)
-CHART = common.DOCS / "bench_shapes.png"
+SPEC = DecoderSpec(hidden=48, layers=3, heads=4, kv_heads=2, vocab=256, seq=512, batch=2,
+                   prompt=8, new_tokens=256, gen_batch=1, pad=0)
+QUICK_SPEC = DecoderSpec(hidden=16, layers=1, heads=2, kv_heads=1, vocab=64, seq=24, batch=2,
+                         prompt=4, new_tokens=4, gen_batch=1, pad=0)
+CHART = "bench_shapes.png"
 TARGET_COLD_S, TARGET_COLD_DISK_S = 3.0, 1.0
-BPTT, BPTT_BATCH, BPTT_VOCAB = 12, 4, 50   # tests/user_code/lm_bptt.py's sizes
 RESULT = "RESULT "
 
 
 # ---------------------------------------------------------------- counting
-def programs() -> int:
-    """Programs compiled so far in this process: XLA compiles plus persistent-cache hits."""
-    kinds = torch.tpu.compile_cache_stats(programs=False, disk=False)["kinds"]
-    return sum(k["xla_compiles"] + k["disk_hits"] for k in kinds.values())
-
-
 def _fused() -> int:
     from torch_tpu import metrics
 
@@ -74,13 +67,7 @@ def _fused() -> int:
 
 
 def _mode_ctx(mode: str):
-    import torch_tpu
-
-    return torch_tpu.eager_mode("strict" if mode == "compiled" else mode)
-
-
-def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+    return common.eager("strict" if mode == "compiled" else mode)
 
 
 def _timed(fn):
@@ -90,13 +77,13 @@ def _timed(fn):
 
 
 # ---------------------------------------------------------------- generate
-def gen_case(mode: str, spec: Spec, lengths, budget: float, rounds: int) -> list[dict]:
+def gen_case(mode: str, spec: DecoderSpec, lengths, budget: float, rounds: int) -> list[dict]:
     """One row per length: programs held after its first call, that call's seconds, warm
     tokens/s against CPU eager's, and the greedy tokens' agreement with CPU's."""
-    base = build_model("llama", spec).eval()
+    base = decoder.build_model(spec).eval()
     with _mode_ctx(mode):
         model = copy.deepcopy(base).to("tpu")
-    prompt = prompt_ids(spec)
+    prompt = decoder.prompt_ids(spec)
     kw = {"cache_implementation": "static"} if mode == "compiled" else {}
     rows, spent = [], 0.0
 
@@ -117,14 +104,15 @@ def gen_case(mode: str, spec: Spec, lengths, budget: float, rounds: int) -> list
         if spent >= budget:
             row["error"] = f"not run: the {budget:.0f} s budget of first calls was spent"
             continue
-        p0, g0 = programs(), _fused()
+        p0, g0 = common.programs(), _fused()
         try:
             row["cold_s"], out = _timed(functools.partial(tpu_call, n, budget - spent))
         except Exception as e:  # noqa: BLE001  (reported in the table, not hidden)
-            row["error"] = _one_line(e)
+            row["error"] = common.one_line(e)
             break
         spent += row["cold_s"]
-        row.update(programs=programs(), new_programs=programs() - p0, fused=_fused(),
+        held = common.programs()
+        row.update(programs=held, new_programs=held - p0, fused=_fused(),
                    new_fused=_fused() - g0, done=out.shape[1] - prompt.shape[1])
         row["cpu_cold_s"], ref = _timed(functools.partial(cpu_call, n))
         if row["done"] < n:  # cut by the budget: no warm figure at this length
@@ -133,11 +121,11 @@ def gen_case(mode: str, spec: Spec, lengths, budget: float, rounds: int) -> list
             spent = budget
             continue
         row["agree"] = bool(torch.equal(out, ref))
-        p1 = programs()
+        p1 = common.programs()
         samples = common.interleaved(
             {d: functools.partial(lambda f: _timed(f)[0], functools.partial(call, n))
              for d, call in (("tpu", tpu_call), ("cpu", cpu_call))}, rounds)
-        row["warm_programs"] = programs() - p1
+        row["warm_programs"] = common.programs() - p1
         row["warm"] = n / common.median(samples["tpu"])
         row["cpu_warm"] = n / common.median(samples["cpu"])
     return rows
@@ -149,16 +137,15 @@ def train_lengths(steps: int, lo: int, hi: int, seed: int = 0) -> list[int]:
     return [rng.randint(lo, hi) for _ in range(steps)]
 
 
-def train_case(mode: str, spec: Spec, lengths, warm_passes: int = 1) -> dict:
+def train_case(mode: str, spec: DecoderSpec, lengths, warm_passes: int = 1) -> dict:
     """Pass 1 over batches of `lengths` (each length new: cold), then `warm_passes` more
     passes over the same batches, alternating step by step with CPU eager."""
-    base = build_model("llama", spec).train()
-    g = torch.Generator().manual_seed(spec.seed + 1)
-    batches = [torch.randint(0, spec.vocab, (spec.batch, n), generator=g) for n in lengths]
+    base = decoder.build_model(spec).train()
+    batches = decoder.random_batches(spec, lengths)
     with _mode_ctx(mode):
         tpu = copy.deepcopy(base).to("tpu")
     cpu = copy.deepcopy(base)
-    opts = {d: torch.optim.AdamW(m.parameters(), lr=spec.lr) for d, m in (("tpu", tpu), ("cpu", cpu))}
+    opts = {d: decoder.make_optimizer(m, spec) for d, m in (("tpu", tpu), ("cpu", cpu))}
     fwd = {"tpu": torch.compile(tpu, backend="tpu") if mode == "compiled" else tpu, "cpu": cpu}
     losses = {"tpu": [], "cpu": []}
     index = {"tpu": 0, "cpu": 0}
@@ -182,14 +169,14 @@ def train_case(mode: str, spec: Spec, lengths, warm_passes: int = 1) -> dict:
 
     row = {"case": "train", "length": f"{len(lengths)} steps, lengths {min(lengths)}-{max(lengths)}",
            "unit": "tokens/s", "lengths": list(lengths)}
-    p0, g0 = programs(), _fused()
+    p0, g0 = common.programs(), _fused()
     row["cold_s"] = sum(step("tpu") for _ in lengths)
-    row.update(programs=programs() - p0, fused=_fused() - g0)
+    row.update(programs=common.programs() - p0, fused=_fused() - g0)
     row["cpu_cold_s"] = sum(step("cpu") for _ in lengths)
-    p1 = programs()
+    p1 = common.programs()
     samples = common.interleaved({"tpu": lambda: step("tpu"), "cpu": lambda: step("cpu")},
                                  len(lengths) * warm_passes)
-    row["warm_programs"] = programs() - p1
+    row["warm_programs"] = common.programs() - p1
     tokens = spec.batch * sum(lengths) * warm_passes
     row["warm"] = tokens / sum(samples["tpu"])
     row["cpu_warm"] = tokens / sum(samples["cpu"])
@@ -200,29 +187,13 @@ def train_case(mode: str, spec: Spec, lengths, warm_passes: int = 1) -> dict:
 
 
 # ---------------------------------------------------------------- the sliced-batch LM loop
-class WordLM(torch.nn.Module):
-    """tests/user_code/lm_bptt.py's model (that script runs at import, so it is not imported)."""
-
-    def __init__(self, vocab: int = BPTT_VOCAB, width: int = 32):
-        super().__init__()
-        self.encoder = torch.nn.Embedding(vocab, width)
-        self.hidden = torch.nn.Linear(width, width)
-        self.decoder = torch.nn.Linear(width, vocab)
-
-    def forward(self, x):
-        return self.decoder(torch.tanh(self.hidden(self.encoder(x))))
-
-
 def lm_loop_case(mode: str, batches: int) -> dict:
     """word_language_model's batching: `source[i:i + bptt]` of one batchified stream. The
     first two batches run alone (DeferAndFuse's first graph lacks the optimizer step that
     every later one begins with); the rest alternate with CPU eager."""
     import torch.nn.functional as F
 
-    torch.manual_seed(0)
-    stream = torch.randint(0, BPTT_VOCAB, (BPTT * BPTT_BATCH * (batches + 1) + 1,))
-    cols = stream[: stream.numel() // BPTT_BATCH * BPTT_BATCH].view(BPTT_BATCH, -1).t().contiguous()
-    base = WordLM()
+    cols, base = wordlm.build(batches)
     with _mode_ctx(mode):
         src = {"tpu": cols.to("tpu"), "cpu": cols}
         models = {"tpu": copy.deepcopy(base).to("tpu"), "cpu": copy.deepcopy(base)}
@@ -232,30 +203,30 @@ def lm_loop_case(mode: str, batches: int) -> dict:
     index, losses = {"tpu": 0, "cpu": 0}, {"tpu": [], "cpu": []}
 
     def step(d):
-        i = index[d] * BPTT
+        i = index[d] * wordlm.BPTT
         index[d] += 1
         t0 = time.perf_counter()
         with _mode_ctx(mode) if d == "tpu" else contextlib.nullcontext():
-            data, targets = src[d][i:i + BPTT], src[d][i + 1:i + 1 + BPTT].reshape(-1)
+            data, targets = src[d][i:i + wordlm.BPTT], src[d][i + 1:i + 1 + wordlm.BPTT].reshape(-1)
             opts[d].zero_grad()
-            loss = F.cross_entropy(run[d](data).view(-1, BPTT_VOCAB), targets)
+            loss = F.cross_entropy(run[d](data).view(-1, wordlm.VOCAB), targets)
             loss.backward()
             opts[d].step()
             losses[d].append(loss.item())
         return time.perf_counter() - t0
 
-    row = {"case": "lm loop", "length": f"{batches} batches of source[i:i+{BPTT}]",
+    row = {"case": "lm loop", "length": f"{batches} batches of source[i:i+{wordlm.BPTT}]",
            "unit": "steps/s"}
-    p0, g0 = programs(), _fused()
+    p0, g0 = common.programs(), _fused()
     row["cold_s"] = step("tpu")
     step("tpu")
-    row.update(programs=programs() - p0, fused=_fused() - g0)
+    row.update(programs=common.programs() - p0, fused=_fused() - g0)
     row["cpu_cold_s"] = step("cpu")
     step("cpu")
-    p1 = programs()
+    p1 = common.programs()
     samples = common.interleaved({"tpu": lambda: step("tpu"), "cpu": lambda: step("cpu")},
                                  batches - 2)
-    row["warm_programs"] = programs() - p1
+    row["warm_programs"] = common.programs() - p1
     row["warm"] = 1 / common.median(samples["tpu"])
     row["cpu_warm"] = 1 / common.median(samples["cpu"])
     a, b = torch.tensor(losses["tpu"]), torch.tensor(losses["cpu"])
@@ -276,7 +247,7 @@ def child(mode: str, args) -> dict:
         try:
             rows.append(fn())
         except Exception as e:  # noqa: BLE001  (reported in the table, not hidden)
-            rows.append({"case": name, "error": _one_line(e)})
+            rows.append({"case": name, "error": common.one_line(e)})
     for r in rows:
         r["mode"] = mode
     return {"rows": rows}
@@ -288,10 +259,10 @@ def cold_child(mode: str, tokens: int, budget: float, args) -> dict:
     import torch_tpu  # noqa: F401
 
     spec = _spec(args)
-    model = build_model("llama", spec).eval()
+    model = decoder.build_model(spec).eval()
     with _mode_ctx(mode):
         model = model.to("tpu")
-    prompt = prompt_ids(spec)
+    prompt = decoder.prompt_ids(spec)
     kw = {"cache_implementation": "static"} if mode == "compiled" else {}
     start_s = time.perf_counter() - t0
     with _mode_ctx(mode), torch.no_grad():
@@ -300,7 +271,7 @@ def cold_child(mode: str, tokens: int, budget: float, args) -> dict:
             max_time=budget, **kw).cpu())
     kinds = torch.tpu.compile_cache_stats(programs=False, disk=False)["kinds"].values()
     return {"mode": mode, "first_s": first_s, "start_s": start_s, "tokens": tokens,
-            "done": out.shape[1] - prompt.shape[1], "programs": programs(),
+            "done": out.shape[1] - prompt.shape[1], "programs": common.programs(),
             "disk_hits": sum(k["disk_hits"] for k in kinds),
             "xla_compiles": sum(k["xla_compiles"] for k in kinds)}
 
@@ -335,7 +306,7 @@ def _ratio(a, b):
     return a / b if a and b and not (math.isnan(a) or math.isnan(b)) else float("nan")
 
 
-def render(rows: list[dict], cold: list[dict], spec: Spec, args, seconds: float) -> str:
+def render(rows: list[dict], cold: list[dict], spec: DecoderSpec, args, seconds: float) -> str:
     table = []
     for r in rows:
         if "cold_s" not in r:
@@ -373,8 +344,8 @@ def render(rows: list[dict], cold: list[dict], spec: Spec, args, seconds: float)
         f"Training: {args.train_steps} AdamW steps, lengths drawn from {lo}..{hi} "
         f"(seed 0), batch {spec.batch}; cold s is the first pass (each length new), warm the "
         f"second pass over the same batches, throughput in tokens/s. LM loop: "
-        f"{args.lm_batches} batches `source[i:i+{BPTT}]`, batch {BPTT_BATCH}, vocab "
-        f"{BPTT_VOCAB} (tests/user_code/lm_bptt.py's model); cold s is the first batch, "
+        f"{args.lm_batches} batches `source[i:i+{wordlm.BPTT}]`, batch {wordlm.BATCH}, vocab "
+        f"{wordlm.VOCAB} (tests/user_code/lm_bptt.py's model); cold s is the first batch, "
         f"programs are those of the first two batches (DeferAndFuse's first graph lacks the "
         f"optimizer step). Compiled path: generation with `cache_implementation=\"static\"` "
         f"(transformers compiles the decode step with the `tpu` backend), training and the "
@@ -390,7 +361,7 @@ def render(rows: list[dict], cold: list[dict], spec: Spec, args, seconds: float)
         f"build and `.to(\"tpu\")`. Calls are cut at {args.cold_budget:.0f} s (`max_time`).\n\n"
         + common.markdown_table(cold_head, cold_rows)
         + "\n\n" + _targets(rows, cold)
-        + f"\n\n![programs and warm throughput against generated length]({CHART.name})\n")
+        + f"\n\n![programs and warm throughput against generated length]({CHART})\n")
     return text
 
 
@@ -424,7 +395,7 @@ def _targets(rows: list[dict], cold: list[dict]) -> str:
     return "\n".join(out)
 
 
-def chart(rows: list[dict]) -> None:
+def chart(rows: list[dict], path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -456,12 +427,13 @@ def chart(rows: list[dict]) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(CHART, dpi=110)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 # ---------------------------------------------------------------- CLI
-def _spec(args) -> Spec:
+def _spec(args) -> DecoderSpec:
     return QUICK_SPEC if args.quick else SPEC
 
 
@@ -489,8 +461,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm-batches", type=int, default=12, help="batches of the sliced LM loop")
     p.add_argument("--quick", action="store_true",
                    help="a tiny model and tiny lengths (for tests); implies --no-write")
-    p.add_argument("--no-write", action="store_true",
-                   help="print only; leave docs/PERFORMANCE.md and the chart alone")
+    common.add_output_arguments(p)
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--cold-child", choices=MODES, help=argparse.SUPPRESS)
 
@@ -532,8 +503,6 @@ def main(args) -> int:
     text = render(rows, cold, _spec(args), args, time.perf_counter() - t0)
     print(text)
     if not (args.no_write or args.quick):
-        chart(rows)
-        common.write_section("shapes", "Shapes: generation, variable lengths and sliced "
-                             "batches (tiny Llama)", text)
-        print(f"\nwrote {common.PERFORMANCE_MD.relative_to(common.REPO)} and docs/{CHART.name}")
+        common.publish(args.out, "shapes", "Shapes: generation, variable lengths and sliced "
+                       "batches (tiny Llama)", text, {CHART: lambda path: chart(rows, path)})
     return 0

@@ -12,7 +12,7 @@ Reported, per variant, from the first sample after warm-up (the step given by `-
 to the last: the growth of RSS, of device bytes and of tracked objects, the programs
 compiled after warm-up (expected: none), and the losses' agreement with CPU eager. A plot
 of RSS against step goes beside the report, which is written into the Soak section of
-docs/RELIABILITY.md.
+OUT/RELIABILITY.md (`--out`, default ./docs).
 """
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ import sys
 
 import torch
 
+from ..workloads import decoder
 from . import common
-from .modes import Runner, build_model
-from .modes_types import INFER, LABELS, TRAIN, Spec
+from .modes import SPEC, Runner
+from .modes_types import INFER, LABELS, TRAIN
 
 VARIANTS = ("strict", "defer_and_fuse", "compiled", "cpu")
 _LABELS = {**LABELS, "compiled": "compiled (tpu)"}
-RELIABILITY_MD = common.DOCS / "RELIABILITY.md"
-PLOT = common.DOCS / "soak_rss.png"
+PLOT = "soak_rss.png"
 # flat: growth after warm-up within these bounds over the whole run
 MAX_RSS_GROWTH_MB = 64.0
 MAX_OBJECT_GROWTH = 5000
@@ -43,25 +43,19 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _programs_compiled() -> int:
-    kinds = torch.tpu.compile_cache_stats(programs=False, disk=False)["kinds"]
-    return sum(k["xla_compiles"] + k["disk_hits"] for k in kinds.values())
-
-
 def _sample(step: int, tpu: bool) -> dict:
     gc.collect()
     return {"step": step, "rss_mb": _rss_mb(), "objects": len(gc.get_objects()),
             "device_bytes": torch.tpu.memory_allocated() if tpu else 0,
-            "programs": _programs_compiled() if tpu else 0}
+            "programs": common.programs() if tpu else 0}
 
 
 def child(variant: str, steps: int, every: int, generate_every: int) -> dict:
     """One variant's soak in this process -> its samples and losses (run by `main`)."""
-    spec = Spec()
-    base = build_model("llama", spec)
+    base = decoder.build_model(SPEC)
     mode = "strict" if variant == "compiled" else variant
-    trainer = Runner(base, spec, mode, TRAIN)
-    generator = Runner(base, spec, mode, INFER)
+    trainer = Runner(base, SPEC, mode, TRAIN)
+    generator = Runner(base, SPEC, mode, INFER)
     if variant == "compiled":
         trainer.model = torch.compile(trainer.model, backend="tpu")
     tpu = trainer.tpu
@@ -123,16 +117,16 @@ def report(summaries: list[dict], args) -> str:
         ["variant", "steps", "RSS at start (MB)", "RSS growth (MB)", "device MB at end",
          "device growth (MB)", "GC objects growth", "programs compiled after warm-up",
          "worst loss rel. diff vs CPU", "flat"], rows)
-    return (f"{Spec().describe()}. {args.steps} training steps, a greedy generate every "
+    return (f"{SPEC.describe()}. {args.steps} training steps, a greedy generate every "
             f"{args.generate_every} steps, sampled every {args.every} steps; growth is "
             f"measured from step {args.warm} (after warm-up) to the end, each variant in its "
             f"own process. Flat means: RSS within +{MAX_RSS_GROWTH_MB:.0f} MB, device bytes "
             f"not growing, at most {MAX_OBJECT_GROWTH} more GC-tracked objects, and no "
             f"program compiled after warm-up.\n\n{table}\n\n![RSS against step]"
-            f"({PLOT.name})\n")
+            f"({PLOT})\n")
 
 
-def plot(runs: list[dict]) -> None:
+def plot(runs: list[dict], path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,7 +142,8 @@ def plot(runs: list[dict]) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=110)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -159,7 +154,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generate-every", type=int, default=25,
                    help="steps between greedy generate calls")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    p.add_argument("--no-write", action="store_true", help="print only; leave the docs alone")
+    common.add_output_arguments(p, "RELIABILITY.md and the plot")
     p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
 
 
@@ -173,7 +168,7 @@ def main(args) -> int:
     body = report(summaries, args)
     print(body)
     if not args.no_write:
-        plot(runs)
-        common.write_section("soak", "Soak", body, path=RELIABILITY_MD)
+        common.publish(args.out, "soak", "Soak", body, {PLOT: lambda path: plot(runs, path)},
+                       md="RELIABILITY.md")
     return 0 if all(flat(s) for s in summaries) else 1
 

@@ -1,20 +1,23 @@
 """`python -m torch_tpu validate ops|models|report`.
 
 A run may cover a chunk (`--ops`, `--types`, `--shard I/N`): its results merge into
-docs/validation/<kind>-<mode>.json, and the reports (docs/VALIDATION.md, the coverage plot,
-and in Strict mode the expected-failures file) are regenerated from the merged results.
+OUT/validation/<kind>-<mode>.json (`--out`, default ./docs), and the reports
+(OUT/VALIDATION.md, the coverage plot, and in Strict mode the expected failures,
+report.EXPECTED) are regenerated from the merged results.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from ..bench import common
 from . import _env
 
 MODES = ("strict", "debug", "defer_and_fuse")
+_WRITES = "the results (validation/*.json), VALIDATION.md and the coverage plot"
 
 
-HELP = "sweeps on tpu vs CPU: validate ops|models|report (docs/VALIDATION.md)"
+HELP = "sweeps on tpu vs CPU: validate ops|models|report (OUT/VALIDATION.md)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,8 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--cpu-only", action="store_true",
                    help="only check that the harness runs each type on CPU (shrinker work)")
     _common(m, timeout=600)
-    r = sub.add_parser("report", help="rewrite docs/VALIDATION.md from the stored results")
+    r = sub.add_parser("report", help="rewrite OUT/VALIDATION.md, the plot and the expected "
+                                      "failures from the stored results")
     r.add_argument("--mode", choices=MODES, default="strict")
+    common.add_output_arguments(r, _WRITES, no_write=False)
 
 
 def _common(p, timeout):
@@ -45,8 +50,7 @@ def _common(p, timeout):
                         "after a crash, which then counts as the failure of its item)")
     p.add_argument("--timeout", type=float, default=timeout,
                    help=f"seconds per item (default {timeout})")
-    p.add_argument("--no-write", action="store_true",
-                   help="print the summary; leave the results and docs alone")
+    common.add_output_arguments(p, _WRITES)
 
 
 def _shard(items: list, spec: str) -> list:
@@ -79,7 +83,7 @@ def _ops(args) -> int:
     if bad:
         raise SystemExit(f"unknown dtype(s) {bad}; choose from {list(ops.DTYPES)}")
     selected = _shard(ops.select([n for n in args.ops.split(",") if n]), args.shard)
-    stored = report.load("ops", args.mode)
+    stored = report.load(args.out, "ops", args.mode)
     failed = None
     if args.rerun_failed:
         failed = {(n, d) for n, by in stored["results"].items() for d, r in by.items()
@@ -91,7 +95,7 @@ def _ops(args) -> int:
     def on_result(name, dtype, r):
         done.setdefault(name, {})[dtype] = r
         if not args.no_write:
-            report.merge("ops", args.mode, {name: {dtype: r}}, run)
+            report.merge(args.out, "ops", args.mode, {name: {dtype: r}}, run)
 
     units = [(ops.op_name(o), d) for o in selected for d in dtypes
              if failed is None or (ops.op_name(o), d) in failed]
@@ -107,7 +111,7 @@ def _ops(args) -> int:
                                 bar, hard_timeout=2 * args.timeout + 120)
     print(_ops_brief(done, dtypes))
     if not args.no_write:
-        _write_docs(args.mode)
+        _write_docs(args.out, args.mode)
     return 0
 
 
@@ -147,7 +151,7 @@ def _models(args) -> int:
         tqdm.write(f"{mt}: {r['status']} {r.get('error', '')} {r.get('detail', '')[:140]}",
                    file=sys.stderr)
         if write:
-            report.merge("models", args.mode, {mt: r}, run)
+            report.merge(args.out, "models", args.mode, {mt: r}, run)
 
     with _progress(len(types), f"validate models ({args.mode})") as bar:
         if args.in_process:
@@ -162,7 +166,7 @@ def _models(args) -> int:
     print(f"this run: {s['types']} types, {s['cpu_ran']} run on CPU, {s['tpu_pass']} match on "
           f"tpu; " + ", ".join(f"{k} {n}" for k, n in s["status"].most_common()))
     if write:
-        _write_docs(args.mode)
+        _write_docs(args.out, args.mode)
     return 0
 
 
@@ -172,24 +176,27 @@ def _arch(types, mt) -> dict:
 
 
 def _report(args) -> int:
-    _write_docs(args.mode)
+    _write_docs(args.out, args.mode)
     return 0
 
 
-def _write_docs(mode: str) -> None:
+def _write_docs(out, mode: str) -> None:
+    """The reports of the stored results of `mode` in OUT; in Strict mode also the plot and
+    the generated expected failures of each sweep that has results."""
     from . import models, ops, report
 
     dtypes = list(ops.DTYPES)
     suffix = "" if mode == "strict" else f"-{mode}"
-    o, m = report.load("ops", mode), report.load("models", mode)
+    o, m = report.load(out, "ops", mode), report.load(out, "models", mode)
     if o["results"]:
-        report.write_docs(f"validate-ops{suffix}", f"OpInfo sweep ({mode})",
+        report.write_docs(out, f"validate-ops{suffix}", f"OpInfo sweep ({mode})",
                           report.ops_markdown(o, dtypes, mode), o["meta"]["runs"])
-        if mode == "strict":
-            report.write_expected_failures(o["results"])
     if m["results"]:
-        report.write_docs(f"validate-models{suffix}", f"Model-zoo sweep ({mode})",
+        report.write_docs(out, f"validate-models{suffix}", f"Model-zoo sweep ({mode})",
                           report.models_markdown(m, mode, models.timm_status()),
                           m["meta"]["runs"])
     if mode == "strict":
-        report.plot(o if o["results"] else None, m if m["results"] else None, dtypes)
+        for kind, data in (("ops", o), ("models", m)):
+            if data["results"]:
+                report.write_expected(kind, data["results"])
+        report.plot(out, o if o["results"] else None, m if m["results"] else None, dtypes)

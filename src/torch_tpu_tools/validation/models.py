@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from . import _env, compare, inputs, shrink, tolerances
+from .. import workloads
+from . import compare, inputs, shrink, tolerances
 from .ops import _SeededOps, classify, time_limit, _Timeout
 
 TASKS = [  # (task, mapping name), in the order a model type's task is chosen
@@ -33,7 +34,7 @@ MAX_PARAMS = 120_000_000
 
 def model_types() -> dict:
     """model type -> (task, architecture class name), for every type of the five mappings."""
-    _env.offline()
+    workloads.offline()
     from transformers.models.auto import modeling_auto
 
     chosen: dict = {}
@@ -255,7 +256,7 @@ def sweep(types: dict, mode: str, timeout: float | None = 600, progress=None,
           on_result=None, cpu_only: bool = False) -> dict:
     """In this process; cli.py runs the same units through worker.run_isolated."""
     """model type -> verdict, for each (task, class name) of `types`."""
-    _env.offline()
+    workloads.offline()
     results = {}
     for mt, (task, cls_name) in types.items():
         if progress is not None:

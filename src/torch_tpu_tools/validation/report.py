@@ -1,6 +1,8 @@
-"""The sweeps' results on disk and in docs: the JSON files (merged across chunked runs),
-the markdown reports in docs/VALIDATION.md, the coverage plot, and the generated
-expected-failures file that tests/test_validation.py reads."""
+"""The sweeps' results on disk and in docs, all under the output folder OUT (`--out`,
+default ./docs): the JSON files OUT/validation/<kind>-<mode>.json (merged across chunked
+runs), the markdown reports in OUT/VALIDATION.md and the coverage plot; and the generated
+expected failures of the Strict sweeps, package data beside this module
+(expected/ops.json, expected/models.json), which tests/tools/test_validation.py reads."""
 from __future__ import annotations
 
 import collections
@@ -10,18 +12,15 @@ import pathlib
 
 from ..bench import common
 
-DOCS = common.DOCS
-VALIDATION_MD = DOCS / "VALIDATION.md"
-DATA = DOCS / "validation"
-PLOT = DOCS / "validation_coverage.png"
-EXPECTED_FAILURES = pathlib.Path(__file__).with_name("expected_failures.json")
+# package data, found beside this module (not in a checkout): an installed copy has it too
+EXPECTED = pathlib.Path(__file__).with_name("expected")
 
 HEADER = """# Validation
 
 What runs on the `tpu` device, measured by the sweeps themselves
 (`python -m torch_tpu validate ops|models`): PyTorch's OpInfo database and the transformers
 model zoo, each on tpu against CPU eager. Each section names the commands that produced it.
-Here "tpu" is the tpu device running on XLA:CPU. The raw results are in `docs/validation/`.
+Here "tpu" is the tpu device running on XLA:CPU. The raw results are in `validation/`.
 
 ![coverage](validation_coverage.png)
 """
@@ -29,12 +28,12 @@ Here "tpu" is the tpu device running on XLA:CPU. The raw results are in `docs/va
 OPS_TARGET, MODELS_TARGET, MODELS_CPU_TARGET = 0.95, 0.98, 400
 
 
-def results_path(kind: str, mode: str) -> pathlib.Path:
-    return DATA / f"{kind}-{mode}.json"
+def results_path(out: pathlib.Path, kind: str, mode: str) -> pathlib.Path:
+    return out / "validation" / f"{kind}-{mode}.json"
 
 
-def load(kind: str, mode: str) -> dict:
-    p = results_path(kind, mode)
+def load(out: pathlib.Path, kind: str, mode: str) -> dict:
+    p = results_path(out, kind, mode)
     if p.exists():
         return json.loads(p.read_text())
     return {"meta": {"runs": []}, "results": {}}
@@ -44,8 +43,8 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def save(kind: str, mode: str, data: dict) -> None:
-    p = results_path(kind, mode)
+def save(out: pathlib.Path, kind: str, mode: str, data: dict) -> None:
+    p = results_path(out, kind, mode)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -56,16 +55,17 @@ def new_run() -> dict:
     return {"command": common.command_line(), "started": _now()}
 
 
-def merge(kind: str, mode: str, updates: dict, run: dict) -> dict:
+def merge(out: pathlib.Path, kind: str, mode: str, updates: dict, run: dict) -> dict:
     """Fold this run's results into the stored ones, under a lock (chunks may run side by
     side): ops results merge per op and dtype, model results per type. Returns the merged
     data."""
     import fcntl
 
-    DATA.mkdir(parents=True, exist_ok=True)
-    with open(DATA / f".{kind}-{mode}.lock", "w") as lock:
+    path = results_path(out, kind, mode)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.stem}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        data = load(kind, mode)
+        data = load(out, kind, mode)
         for name, r in updates.items():
             if kind == "ops":
                 data["results"].setdefault(name, {}).update(r)
@@ -73,7 +73,7 @@ def merge(kind: str, mode: str, updates: dict, run: dict) -> dict:
                 data["results"][name] = r
         if run not in data["meta"]["runs"]:
             data["meta"]["runs"].append(run)
-        save(kind, mode, data)
+        save(out, kind, mode, data)
     return data
 
 
@@ -152,24 +152,41 @@ def _reason(name: str, r: dict) -> str:
     return f"{detail} -- {cause}" if cause else detail
 
 
-def expected_failures(results: dict) -> dict:
-    """op -> dtype -> reason, for every failing pair."""
+_SHAPES = {"ops": "op -> dtype -> reason", "models": "model type -> reason"}
+# a model type that fails on CPU under the harness says nothing about tpu: not a failure
+_NOT_FAILED = ("pass", "cpu_fail")
+
+
+def expected_failures(kind: str, results: dict) -> dict:
+    """A Strict sweep's failures, each with its reason: for ops, op -> dtype -> reason for
+    every failing pair; for models, model type -> reason for every type that runs on CPU
+    but not on tpu (an error, a mismatch, a timeout)."""
     out: dict = {}
     for name in sorted(results):
+        if kind == "models":
+            r = results[name]
+            if r["status"] not in _NOT_FAILED:
+                out[name] = f"{r.get('error')}: {r.get('detail')}"
+            continue
         for d, r in sorted(results[name].items()):
             if r["status"] == "fail":
                 out.setdefault(name, {})[d] = _reason(name, r)
     return out
 
 
-def write_expected_failures(results: dict, path: pathlib.Path = EXPECTED_FAILURES) -> None:
-    body = {"_generated": "by `python -m torch_tpu validate ops` (Strict mode); do not edit by "
-                          "hand, rerun the sweep: op -> dtype -> reason",
-            **expected_failures(results)}
-    path.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+def write_expected(kind: str, results: dict, folder: pathlib.Path = EXPECTED) -> None:
+    """Regenerate expected/KIND.json from a Strict sweep's merged results."""
+    body = {"_generated": f"by `python -m torch_tpu validate {kind}` and `validate report` "
+                          "(Strict mode) from the sweep's results; do not edit by hand, rerun "
+                          f"the sweep: {_SHAPES[kind]}",
+            **expected_failures(kind, results)}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{kind}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
-def load_expected_failures(path: pathlib.Path = EXPECTED_FAILURES) -> dict:
+def load_expected(kind: str, folder: pathlib.Path = EXPECTED) -> dict:
+    """The expected failures of `kind` ("ops" or "models"), as write_expected wrote them."""
+    path = folder / f"{kind}.json"
     if not path.exists():
         return {}
     return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
@@ -285,20 +302,19 @@ def models_markdown(data: dict, mode: str, timm: str) -> str:
 
 
 # ---------------------------------------------------------------- docs
-def _ensure_header() -> None:
-    if not VALIDATION_MD.exists():
-        VALIDATION_MD.parent.mkdir(parents=True, exist_ok=True)
-        VALIDATION_MD.write_text(HEADER)
-
-
-def write_docs(name: str, title: str, body: str, runs: list) -> None:
-    _ensure_header()
+def write_docs(out: pathlib.Path, name: str, title: str, body: str, runs: list) -> None:
+    """Replace this sweep's section of OUT/VALIDATION.md."""
+    md = out / "VALIDATION.md"
+    if not md.exists():
+        md.parent.mkdir(parents=True, exist_ok=True)
+        md.write_text(HEADER)
     cmds = "\n".join(f"- `{r['command']}` ({r['started']})" for r in runs[-40:])
     body = f"Produced by these runs (chunks merge into one result set):\n\n{cmds}\n\n{body}"
-    common.write_section(name, title, body, path=VALIDATION_MD)
+    common.write_section(name, title, body, md)
 
 
-def plot(ops_data: dict | None, models_data: dict | None, dtypes) -> None:
+def plot(out: pathlib.Path, ops_data: dict | None, models_data: dict | None, dtypes) -> None:
+    """The coverage plot, OUT/validation_coverage.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -338,8 +354,8 @@ def plot(ops_data: dict | None, models_data: dict | None, dtypes) -> None:
     for ax in axes:
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    PLOT.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PLOT, dpi=100)
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / "validation_coverage.png", dpi=100)
     plt.close(fig)
 
 

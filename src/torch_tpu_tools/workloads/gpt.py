@@ -1,5 +1,5 @@
-"""A nanoGPT-style GPT-2, written the way public training scripts write it, and its
-hand-written JAX twin.
+"""The GPT family: a nanoGPT-style GPT-2, written the way public training scripts write
+it, and its hand-written JAX twin.
 
 The torch model follows Karpathy's nanoGPT `model.py`: `nn.Linear` attention (one fused
 q/k/v projection) into `F.scaled_dot_product_attention(is_causal=True)`, a GELU MLP of 4x
