@@ -65,15 +65,27 @@ def pad_to_bucket(batch, *, pad_token_id: int = 0, label_pad_id: int = -100, dim
     if not torch.is_tensor(batch.get("input_ids")):
         raise ValueError("torch_tpu.pad_to_bucket: a dict batch needs an 'input_ids' tensor "
                          f"(its length is the one padded); got keys {sorted(batch)}")
-    length = batch["input_ids"].shape[dim]
+    ids = batch["input_ids"]
+    dim = dim % ids.dim()
     padded = dict(batch)
     if "attention_mask" not in padded:
-        padded["attention_mask"] = torch.ones_like(batch["input_ids"])
+        padded["attention_mask"] = torch.ones_like(ids)
     values = {"input_ids": pad_token_id, "labels": label_pad_id}
     for key, value in padded.items():
-        if torch.is_tensor(value) and value.dim() and value.shape[dim] == length:
+        if _carries_sequence(value, ids.shape, dim):
             padded[key] = _pad(value, dim, values.get(key, 0))
     return type(batch)(padded) if not isinstance(batch, dict) else padded
+
+
+def _carries_sequence(t, ids_shape, dim: int) -> bool:
+    """Whether `t` is laid out as input_ids, and so carries the sequence at `dim`: it has
+    input_ids' leading dims (a size-1 dim broadcasts, as `position_ids` of `[1, S]` does),
+    maybe more after them (`[B, S, H]` embeddings). A `[B]` tensor of per-example labels
+    does not, even when B equals the sequence length."""
+    if not torch.is_tensor(t) or t.dim() < len(ids_shape):
+        return False
+    return t.shape[dim] == ids_shape[dim] and all(
+        t.shape[i] in (n, 1) for i, n in enumerate(ids_shape) if i != dim)
 
 
 def _pad(t, dim: int, value):

@@ -181,7 +181,7 @@ def _op_miss(plan, key, lookup, vals, prec, standalone):
     name = str(plan)
     line = _frames.user_line()
     where = _frames.location(*line)
-    reason, changes = _recompiles.why((OP, plan), key[1], prec, plan.names)
+    reason, _ = _recompiles.why((OP, plan), key[1], prec, plan.names)
     if _CACHE_ONLY[0]:
         raise CacheMissError(f"torch_tpu cache-only mode: {name} (called at {where}) has no "
                              f"compiled program: {reason}")
@@ -207,11 +207,10 @@ def _op_miss(plan, key, lookup, vals, prec, standalone):
         if standalone:
             metrics.count("executables_compiled")
     plan.cache[lookup] = entry
-    # (DeferAndFuse: its graphs are the programs that storm.) Not in a backward pass: its
-    # ops all name the user's backward() line, where a model's layers of different
-    # shapes would read as one site recompiling; the forward's sites show real variation.
-    if standalone and torch._C._current_graph_task_id() == -1:
-        _recompiles.storm((OP, plan, where), name, line, changes)
+    # (DeferAndFuse: its graphs are the programs that storm.)
+    if standalone and not _recompiles.layered():
+        _recompiles.storm((OP, plan, where, _recompiles.subject(plan, vals)), name, line, key[1],
+                          plan.names)
     _admit(rec, id(entry))
     return entry
 
@@ -231,8 +230,9 @@ def admit_graph(cache, key, nodes, body, donate, reason) -> Program:
     line = nodes[-1].frame
     where = _frames.location(*line) if line else "?"
     ops = tuple(n.entry.key[0] for n in nodes)
-    differs, changes = _recompiles.why((GRAPH, ops), tuple(n.entry.key[1] for n in nodes), None,
-                                       [_node_label(i, n) for i, n in enumerate(nodes)], nested=True)
+    parts = tuple(n.entry.key[1] for n in nodes)
+    labels = [_node_label(i, n) for i, n in enumerate(nodes)]
+    differs, changes = _recompiles.why((GRAPH, ops), parts, None, labels, nested=True)
     distinct = list(dict.fromkeys(str(op) for op in ops))
     if _CACHE_ONLY[0]:
         raise CacheMissError(
@@ -251,7 +251,7 @@ def admit_graph(cache, key, nodes, body, donate, reason) -> Program:
             p.pinned += 1
     # a site: these ops, recorded up to this user line
     _recompiles.storm((GRAPH, ops, line), f"DeferAndFuse graph {name} ({len(nodes)} ops)", line,
-                      changes)
+                      parts, labels, nested=True)
     _admit(rec, id(rec))
     return rec
 
@@ -266,14 +266,15 @@ def admit_compiled(cache, key, jitted, program, names) -> Program:
     """A torch.compile graph's executable for one input layout (`key`), stored by the
     caller in `cache`; `program` is its compile.program.Program (name, site)."""
     # (by name, not the Program: these tables must not keep a dropped graph alive)
-    reason, changes = _recompiles.why((COMPILED, program.name), key[:-1], key[-1], names)
+    reason, _ = _recompiles.why((COMPILED, program.name), key[:-1], key[-1], names)
     if _CACHE_ONLY[0]:
         raise CacheMissError(f"torch_tpu cache-only mode: compiled graph {program.name} has "
                              f"no program for these inputs: {reason}")
     rec = Program(COMPILED, program.name, program.name, cache, key, reason, key[-1])
     rec.fn = jitted
     rec.label = (f"torch.compile {program.name}", {})
-    _recompiles.storm((COMPILED, program.name), f"compiled graph {program.name}", None, changes)
+    _recompiles.storm((COMPILED, program.name), f"compiled graph {program.name}", None, key[:-1],
+                      names)
     _admit(rec, id(rec))
     return rec
 

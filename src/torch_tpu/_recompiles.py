@@ -4,24 +4,34 @@ Every program cache (_program_cache.py: Strict's op entries, DeferAndFuse's fuse
 torch.compile's graphs) asks `why` on each miss: the reason names what differs from the
 last program compiled for the same op, op sequence or graph (a dimension's size, a scalar
 type, the float32 precision), and it is what CacheMissError, TORCH_TPU_DUMP_DIR's headers
-and compile_cache_stats() show. The shape changes it finds are then counted by `storm`:
+and compile_cache_stats() show. Then `storm` counts the miss at its site:
 
-  storms      a site (an op at one user line, a fused op sequence recorded up to one
-              line, a compiled graph) that has recompiled TORCH_TPU_RECOMPILE_WARN times
-              (default 8) for new shapes warns once (RecompileWarning, at the user's
-              line), naming the dimension that varies and the remedy; past three such
-              sites (a model whose length varies storms at every op) they are only
-              listed, in STORMS (compile_cache_stats()["storms"])
+  sites       an op at one user line with the same parameters (the storages of the leaf
+              tensors that require grad: a layer's weights; those an in-place op updates:
+              an optimizer's state for one parameter), a fused op sequence recorded up to one line, a compiled graph.
+              Layers of different fixed sizes reached from one line (a loop over blocks,
+              `optimizer.step()`) are so many sites, each compiling once: no storm. One
+              site that keeps meeting new shapes is one: each new key is compared with
+              the site's own last one, so the warning names the dimension that varies
+              there (a growing length), not the sizes of whichever layer came before.
+  storms      a site that has recompiled TORCH_TPU_RECOMPILE_WARN times (default 8) for
+              new shapes warns once (RecompileWarning, at the user's line), naming the
+              dimension and the remedy that fits it: a dimension that grows step by step
+              (a `torch.cat` of a new token) wants a fixed-capacity buffer, one that jumps
+              about (dynamic padding) wants padding to a few sizes. Past three such sites
+              (a model whose length varies storms at every op) they are only listed, in
+              STORMS (compile_cache_stats()["storms"]).
 
 Both tables are bounded: past _MAX_SITES sites, they start again.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 
 import torch
 
-from . import _config, _frames, metrics
+from . import _config, _frames, _on_import, metrics
 
 
 class RecompileWarning(UserWarning):
@@ -29,7 +39,7 @@ class RecompileWarning(UserWarning):
 
 
 _LAST: dict = {}      # (kind, what) -> (parts, precision) of the last program compiled for it
-_SITES: dict = {}     # storm site -> [shape recompiles, {(argument, dim): sizes seen}, warned]
+_SITES: dict = {}     # storm site -> [shape recompiles, {(argument, dim): sizes seen}, warned, last parts]
 _MAX_SITES = 10000
 STORMS: list = []     # the sites that stormed: what, where, recompiles, what varies
 _STORMS_WARNED = 3    # a model whose sequence length varies storms at every op: warn 3
@@ -103,17 +113,73 @@ def _show(change):
     return f"{label} {'' if dim is None else f'dim {dim} '}{a} -> {b}"
 
 
-def storm(site, what, line, changes):
-    """Count a compile caused by new shapes at `site`; warn once at the threshold, at the
-    user's `line` ((file, line); None: the caller's caller)."""
-    if not changes:
-        return
-    n_warn = _config.get("TORCH_TPU_RECOMPILE_WARN")
+_IN_STEP = threading.local()  # how deep this thread is in optimizer steps
+
+
+def _step_pre(optimizer, args, kwargs):
+    _IN_STEP.depth = getattr(_IN_STEP, "depth", 0) + 1
+
+
+def _step_post(optimizer, args, kwargs):
+    _IN_STEP.depth -= 1
+
+
+def _hook_optimizer_steps():
+    """torch's global hooks around every Optimizer.step (subclasses' included)."""
+    import torch.optim.optimizer as optimizer
+
+    optimizer.register_optimizer_step_pre_hook(_step_pre)
+    optimizer.register_optimizer_step_post_hook(_step_post)
+
+
+# (torch.optim may still be loading when torch's device autoload imports torch_tpu)
+_on_import.when_imported("torch.optim.optimizer", _hook_optimizer_steps,
+                         lambda m: hasattr(m, "register_optimizer_step_post_hook"))
+
+
+def layered() -> bool:
+    """Whether the calling thread runs where a model's layers all meet one user line: a
+    backward pass (its ops name the backward() line) or an optimizer step (the step()
+    line, or one line of an optimizer's per-parameter loop). Layers of different shapes
+    there are not one site recompiling; the forward's sites show real variation."""
+    return torch._C._current_graph_task_id() != -1 or getattr(_IN_STEP, "depth", 0) > 0
+
+
+def subject(plan, vals) -> tuple:
+    """What an op call works on that makes it a site of its own: the storages of the leaf
+    tensors that require grad among its arguments (lists included), or whose views they
+    are (`weight.t()` in a Linear, under no_grad too), and for an in-place op the
+    storages it updates (an optimizer's state, one tensor per parameter)."""
+    out = []
+    inplace = plan.mutable if plan.op.overloadpacket.__name__.endswith("_") else ()
+    for i, v in enumerate(vals):
+        for x in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(x, torch.Tensor):
+                base = x if x._base is None else x._base
+                if i in inplace or (base.requires_grad and base.is_leaf):
+                    out.append(id(base.untyped_storage()))
+    return tuple(out)
+
+
+def storm(site, what, line, parts, names, nested=False):
+    """Count a compile for `parts` at `site`; when the shapes changed from the site's last
+    program, it is a recompile, and the site warns once at the threshold, at the user's
+    `line` ((file, line); None: the caller's caller)."""
     st = _SITES.get(site)
     if st is None:
         if len(_SITES) > _MAX_SITES:
             _SITES.clear()
-        st = _SITES[site] = [0, {}, False]
+        _SITES[site] = [0, {}, False, parts]
+        return
+    last, st[3] = st[3], parts
+    if nested:  # per node: (label, argument names) each
+        changes = [c for (label, argnames), a, b in zip(names, last, parts)
+                   for c in _changes(a, b, argnames, label + " argument ")]
+    else:
+        changes = _changes(last, parts, names, "argument ")
+    if not changes:
+        return
+    n_warn = _config.get("TORCH_TPU_RECOMPILE_WARN")
     st[0] += 1  # recompiles: programs after the site's first
     for label, dim, a, b in changes:
         seen = st[1].setdefault((label, dim), [])
@@ -138,13 +204,33 @@ def storm(site, what, line, changes):
             if len(STORMS) == _STORMS_WARNED else "")
     message = (
         f"torch_tpu: {what} has compiled {st[0] + 1} programs, one for each new "
-        f"shape ({st[0]} recompiles): XLA programs have static shapes. Varying: {varying}. Remedy: pad that "
-        f"dimension to a few fixed sizes, masking the padding, so a few programs serve every "
-        f"size: `torch_tpu.pad_to_bucket(batch)` pads a batch's length to its bucket (powers "
-        f"of two, or `torch_tpu.set_buckets([...])`); docs/DYNAMIC_SHAPES.md says which "
-        f"variation is already free (view offsets, HF generate's lengths). (TORCH_TPU_RECOMPILE_WARN sets the threshold; 0 "
-        f"turns this warning off.){more}")
+        f"shape ({st[0]} recompiles): XLA programs have static shapes. Varying: {varying}. "
+        f"{_remedy(st[1])} docs/DYNAMIC_SHAPES.md says which variation is already free "
+        f"(view offsets, HF generate's lengths). (TORCH_TPU_RECOMPILE_WARN sets the "
+        f"threshold; 0 turns this warning off.){more}")
     if line:
         warnings.warn_explicit(message, RecompileWarning, line[0], line[1])
     else:
         warnings.warn(message, RecompileWarning, stacklevel=4)
+
+
+def _grows(seen) -> bool:
+    """Whether a dimension's sizes, in the order they came, grew by small steps (a tensor
+    extended by `torch.cat` each step) rather than jumping about (batches of any length)."""
+    sizes = [s for s in seen if type(s) is int]
+    steps = [b - a for a, b in zip(sizes, sizes[1:])]
+    return len(steps) >= 3 and all(0 < s <= 8 for s in steps)
+
+
+def _remedy(seen: dict) -> str:
+    if any(_grows(v) for v in seen.values()):
+        return ("Remedy: a tensor that grows step by step (a `torch.cat` of each new token) "
+                "compiles every op it meets at every length: keep it in a buffer of fixed "
+                "capacity and compute on slices of a few bucketed lengths, reading results at "
+                "the true length (padding at the end moves what the last position is); "
+                "HF `generate()` does this already, and its static cache compiles once.")
+    return ("Remedy: pad that dimension to a few fixed sizes, masking the padding, so a few "
+            "programs serve every size: for HF batches, a collator's `pad_to_multiple_of=64` "
+            "(`DataCollatorWithPadding(tokenizer, pad_to_multiple_of=64)`, and Trainer's "
+            "`data_collator`), or `torch_tpu.pad_to_bucket(batch)` before `.to(device)` (its "
+            "length to a bucket: powers of two, or `torch_tpu.set_buckets([...])`).")

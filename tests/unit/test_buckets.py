@@ -48,6 +48,23 @@ def test_pad_to_bucket_pads_an_hf_batch_so_the_loss_ignores_the_padding(monkeypa
         torch_tpu.pad_to_bucket({"labels": ids})
 
 
+def test_pad_to_bucket_pads_only_what_carries_the_sequence(monkeypatch):
+    """Batch size equal to the sequence length: the per-example labels of a classifier
+    ([B]) stay as they are; a [1, S] position_ids and a [B, S, H] embedding are padded
+    along the sequence, not along their last dim."""
+    import torch
+
+    monkeypatch.delenv("TORCH_TPU_BUCKETS", raising=False)
+    ids = torch.ones(20, 20, dtype=torch.long)
+    labels = torch.arange(20)
+    batch = torch_tpu.pad_to_bucket({"input_ids": ids, "labels": labels,
+                                     "position_ids": torch.arange(20)[None],
+                                     "inputs_embeds": torch.ones(20, 20, 5)})
+    assert batch["input_ids"].shape == (20, 32) and batch["attention_mask"].shape == (20, 32)
+    assert batch["labels"] is labels
+    assert batch["position_ids"].shape == (1, 32) and batch["inputs_embeds"].shape == (20, 32, 5)
+
+
 @pytest.mark.parametrize("patch", generation.PATCHES, ids=lambda p: p.target)
 def test_written_against_this_transformers(patch):
     """A new transformers must be read against the wrapped loop before the pin moves: the
