@@ -4,7 +4,8 @@ A size n runs at the smallest bucket that holds it, so a dimension that takes ma
 costs one program per bucket, not one per size. The buckets are the list given to
 `torch_tpu.set_buckets` (or `TORCH_TPU_BUCKETS`), and past its largest entry, or with no
 list, the powers of two from `MIN_BUCKET` up. Used by HF generation on tpu
-(`_integrations/generation.py`) and by `torch_tpu.pad_to_bucket` for training batches;
+(`_integrations/generation.py`), by `torch_tpu.pad_to_bucket` for training batches, and
+by HF Trainer's data loaders on tpu (`_integrations/trainer.py`);
 docs/DYNAMIC_SHAPES.md says how to pick them.
 """
 from __future__ import annotations
@@ -50,18 +51,23 @@ def bucket(n: int) -> int:
     return size
 
 
-def pad_to_bucket(batch, *, pad_token_id: int = 0, label_pad_id: int = -100, dim: int = -1):
+def pad_to_bucket(batch, *, pad_token_id: int = 0, label_pad_id: int = -100, dim: int = -1,
+                  side: str = "right"):
     """A batch padded along `dim` (the sequence) to its length's bucket, so that training on
     batches of many lengths compiles one program set per bucket.
 
     `batch` is a tensor (padded with 0) or an HF-style dict of tensors sharing that length:
     `input_ids` are padded with `pad_token_id`, `labels` with `label_pad_id` (ignored by the
-    loss), everything else with 0, and an `attention_mask` (ones where there was none) with
-    0, so a model that honours the mask and a loss that ignores -100 compute what the
-    unpadded batch gives. Pad the batch on the host (in the collator, before `.to(device)`):
-    padding a tpu tensor is itself an op of the unpadded shape."""
+    loss), a `special_tokens_mask` with 1, everything else laid out as `input_ids` with 0,
+    and an `attention_mask` (ones where there was none) with 0, so a model that honours the
+    mask and a loss that ignores -100 compute what the unpadded batch gives. `side` is the
+    tokenizer's padding side (left for batches padded on the left). Pad the batch on the
+    host (in the collator, before `.to(device)`): padding a tpu tensor is itself an op of
+    the unpadded shape."""
+    if side not in ("left", "right"):
+        raise ValueError(f"torch_tpu.pad_to_bucket: side must be 'left' or 'right', got {side!r}")
     if torch.is_tensor(batch):
-        return _pad(batch, dim, 0)
+        return _pad(batch, dim, 0, side)
     if not torch.is_tensor(batch.get("input_ids")):
         raise ValueError("torch_tpu.pad_to_bucket: a dict batch needs an 'input_ids' tensor "
                          f"(its length is the one padded); got keys {sorted(batch)}")
@@ -70,10 +76,10 @@ def pad_to_bucket(batch, *, pad_token_id: int = 0, label_pad_id: int = -100, dim
     padded = dict(batch)
     if "attention_mask" not in padded:
         padded["attention_mask"] = torch.ones_like(ids)
-    values = {"input_ids": pad_token_id, "labels": label_pad_id}
+    values = {"input_ids": pad_token_id, "labels": label_pad_id, "special_tokens_mask": 1}
     for key, value in padded.items():
         if _carries_sequence(value, ids.shape, dim):
-            padded[key] = _pad(value, dim, values.get(key, 0))
+            padded[key] = _pad(value, dim, values.get(key, 0), side)
     return type(batch)(padded) if not isinstance(batch, dict) else padded
 
 
@@ -88,10 +94,11 @@ def _carries_sequence(t, ids_shape, dim: int) -> bool:
         t.shape[i] in (n, 1) for i, n in enumerate(ids_shape) if i != dim)
 
 
-def _pad(t, dim: int, value):
+def _pad(t, dim: int, value, side: str = "right"):
     extra = bucket(t.shape[dim]) - t.shape[dim]
     if extra == 0:
         return t
     shape = list(t.shape)
     shape[dim] = extra
-    return torch.cat([t, t.new_full(shape, value)], dim=dim)
+    fill = t.new_full(shape, value)
+    return torch.cat([t, fill] if side == "right" else [fill, t], dim=dim)

@@ -161,6 +161,10 @@ _DECLARED = [
             "Sizes (comma- or space-separated) that lengths which vary are compiled at, "
             "e.g. HF generate's cache capacity; past the largest, and by default, powers of "
             "two from 16 (`torch_tpu.set_buckets` overrides it)", default_doc="powers of two"),
+    Setting("TORCH_TPU_BUCKETED_TRAINER", "bool", True, PER_OP,
+            "HF `Trainer` on tpu pads each batch of its data loaders along the sequence to "
+            "its bucket (a batch with an attention mask, from any collator), so dynamic "
+            "padding compiles one program set per bucket; 0: batches as the collator made them"),
     Setting("TORCH_TPU_BUCKETED_GENERATE", "bool", True, PER_OP,
             "HF `generate()` on tpu decodes at a bucketed capacity (one program set per "
             "bucket, not per token); 0 runs transformers' own loop"),

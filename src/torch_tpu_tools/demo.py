@@ -135,9 +135,9 @@ def main(args) -> int:
     def rel(n):
         return max(abs(t - c) / max(abs(c), 1e-12) for c, t in zip(cpu.losses, runs[n].losses))
 
-    print(f"\nwarm: the median step that built no program (each step synchronized, the runs "
-          f"interleaved step by step); compiling: the steps that built programs, their count "
-          f"and seconds in all; parity: largest relative loss difference from CPU eager, "
+    print("\nwarm: the median step that built no program (each step synchronized, the runs "
+          "interleaved step by step);\ncompiling: the steps that built programs, how many and "
+          f"their seconds in all;\nparity: largest relative loss difference from CPU eager, "
           f"rtol {args.rtol:g}:")
     print(f"  {'run':16}  {'warm tok/s':>10}  {'ms/step':>8}  {'vs CPU':>7}  {'compiling':>14}  "
           f"{'rel diff':>8}  parity")
