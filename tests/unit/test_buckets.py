@@ -1,15 +1,16 @@
-"""Bucket sizes (torch_tpu/_buckets.py) and the generation adapter's patches
-(torch_tpu/_integrations/generation.py): still matching the transformers they were written
-for. tests/models/test_generate_buckets.py runs generation through them end to end."""
+"""Bucket sizes (torch_tpu/_buckets.py) and the generation and Trainer adapters' patches
+(torch_tpu/_integrations/): still matching the transformers they were written for.
+tests/models/test_generate_buckets.py and test_trainer_padding.py run them end to end."""
 import inspect
 
 import pytest
 import transformers
 import transformers.generation.utils  # noqa: F401  (installs the adapter's patches)
+import transformers.trainer  # noqa: F401  (installs the Trainer adapter's patch)
 
 import torch_tpu
 from torch_tpu import _buckets
-from torch_tpu._integrations import generation
+from torch_tpu._integrations import generation, trainer
 
 
 def test_powers_of_two_by_default(monkeypatch):
@@ -65,11 +66,30 @@ def test_pad_to_bucket_pads_only_what_carries_the_sequence(monkeypatch):
     assert batch["position_ids"].shape == (1, 32) and batch["inputs_embeds"].shape == (20, 32, 5)
 
 
-@pytest.mark.parametrize("patch", generation.PATCHES, ids=lambda p: p.target)
+@pytest.mark.parametrize("patch", generation.PATCHES + trainer.PATCHES, ids=lambda p: p.target)
 def test_written_against_this_transformers(patch):
-    """A new transformers must be read against the wrapped loop before the pin moves: the
-    bucketed loop reproduces `_sample`'s steps."""
-    assert transformers.__version__ == generation.WRITTEN_AGAINST
+    """A new transformers must be read against the wrapped code before the pin moves: the
+    bucketed loop reproduces `_sample`'s steps; Trainer's loaders read `self.data_collator`."""
+    assert transformers.__version__ == generation.WRITTEN_AGAINST == trainer.WRITTEN_AGAINST
     owner, name = patch.owner_and_name()
     assert inspect.getattr_static(owner, name)._tpu_patch is patch
     assert patch.current_signature() == patch.signature
+
+
+def test_bucketed_collator_pads_masked_batches_on_the_tokenizer_side_and_pickles():
+    """Trainer's loaders on tpu: a batch with an attention mask is padded to its bucket on
+    the tokenizer's side with the model's pad token; one without a mask is left alone; the
+    wrapper survives pickling (a loader worker gets a copy)."""
+    import pickle
+
+    import torch
+
+    ids = torch.full((2, 20), 5)
+    masked = trainer.BucketedCollator(lambda f: {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, 9, "left")
+    out = masked([])
+    assert out["input_ids"].shape == (2, 32) and (out["input_ids"][:, :12] == 9).all()
+    assert (out["attention_mask"][:, :12] == 0).all() and (out["attention_mask"][:, 12:] == 1).all()
+    bare = trainer.BucketedCollator(lambda f: {"input_ids": ids}, 9, "right")
+    assert bare([])["input_ids"] is ids
+    copy = pickle.loads(pickle.dumps(trainer.BucketedCollator(dict, 0, "right")))
+    assert copy.pad_token_id == 0 and copy.inner is dict
