@@ -444,7 +444,7 @@ def test_torchrun_device_used_before_init():
     import subprocess
 
     out_dir = tempfile.mkdtemp(prefix="tpu_dist_early_")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")]),
                TPU_DIST_TEST_OUT=out_dir, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}", __file__,

@@ -312,7 +312,7 @@ def test_defer_suite_passes_with_the_c_fast_path_off():
     # less the two that start processes of their own to read settings (no C path in them)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                         "-k", "not mode_from_environment and not printed_at_exit",
-                        str(ROOT / "tests" / "test_defer.py")],
+                        str(ROOT / "tests" / "modes" / "test_defer.py")],
                        cwd=ROOT, env=_env(False),
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
