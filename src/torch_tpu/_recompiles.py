@@ -8,7 +8,8 @@ and compile_cache_stats() show. Then `storm` counts the miss at its site:
 
   sites       an op at one user line with the same parameters (the storages of the leaf
               tensors that require grad: a layer's weights; those an in-place op updates:
-              an optimizer's state for one parameter), a fused op sequence recorded up to one line, a compiled graph.
+              an optimizer's state for one parameter), a fused op sequence recorded up to
+              one line, a compiled graph.
               Layers of different fixed sizes reached from one line (a loop over blocks,
               `optimizer.step()`) are so many sites, each compiling once: no storm. One
               site that keeps meeting new shapes is one: each new key is compared with
