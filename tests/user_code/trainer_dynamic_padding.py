@@ -4,7 +4,8 @@ of 8-128 tokens, 2 epochs. No device is named: Trainer trains on the accelerator
 CPU when it is hidden (TORCH_DEVICE_BACKEND_AUTOLOAD=0, ACCELERATE_USE_CPU=1).
 
 It prints one line, "RESULT {json}": the training losses, the distinct batch lengths the
-collator made, and on an accelerator the programs it had built at the end of each epoch.
+collator made in each epoch, and on an accelerator the programs it had built at the end of
+each epoch.
 """
 import json
 import os
@@ -32,12 +33,12 @@ config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_att
 model = BertForSequenceClassification(config)
 
 collate = DataCollatorWithPadding(tokenizer)
-seen = set()
+seen = [set()]  # the batch lengths the collator made, per epoch
 
 
 def counting_collator(features):
     batch = collate(features)
-    seen.add(batch["input_ids"].shape[1])
+    seen[-1].add(batch["input_ids"].shape[1])
     return batch
 
 
@@ -54,6 +55,7 @@ class Epochs(TrainerCallback):
 
     def on_epoch_end(self, args, state, control, **kwargs):
         self.programs.append(programs())
+        seen.append(set())
 
 
 epochs = Epochs()
@@ -64,6 +66,7 @@ trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=cou
                   processing_class=tokenizer, callbacks=[epochs])
 trainer.train()
 losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-print("RESULT " + json.dumps({"rank": 0, "losses": losses, "lengths": sorted(seen),
+print("RESULT " + json.dumps({"rank": 0, "losses": losses,
+                              "lengths": [sorted(s) for s in seen if s],
                               "programs": epochs.programs,
                               "device": str(next(model.parameters()).device)}))
