@@ -164,7 +164,9 @@ _DECLARED = [
     Setting("TORCH_TPU_BUCKETED_TRAINER", "bool", True, PER_OP,
             "HF `Trainer` on tpu pads each batch of its data loaders along the sequence to "
             "its bucket (a batch with an attention mask, from any collator), so dynamic "
-            "padding compiles one program set per bucket; 0: batches as the collator made them"),
+            "padding compiles one program set per bucket, and TRL's GRPO and RLOO trainers "
+            "pad completions to multiples of min(64, max_completion_length) (their "
+            "`pad_to_multiple_of=\"auto\"`); 0: batches as the collator made them"),
     Setting("TORCH_TPU_BUCKETED_GENERATE", "bool", True, PER_OP,
             "HF `generate()` on tpu decodes at a bucketed capacity (one program set per "
             "bucket, not per token); 0 runs transformers' own loop"),

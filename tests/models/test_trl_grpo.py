@@ -22,6 +22,7 @@ Under torchrun the CPU reference stays the one-process run: the checks are per r
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -44,7 +45,8 @@ def user_script(out_dir: str) -> None:
     import torch
     from datasets import Dataset
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+                              TrainerCallback)
     from trl import GRPOConfig, GRPOTrainer
 
     words = ["<pad>", "<eos>"] + [f"w{i}" for i in range(14)]
@@ -76,12 +78,23 @@ def user_script(out_dir: str) -> None:
                       # TrainingArguments refuses on a CPU-only run without use_cpu)
                       bf16=False,
                       save_strategy="no", report_to="none", disable_tqdm=True)
+    programs = []  # (the test's instrument) the programs held after each step, by name
+
+    class Programs(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if hasattr(torch, "tpu"):
+                held = torch.tpu.compile_cache_stats(programs=True, disk=False)["programs"]
+                programs.append(sorted(p["name"] for p in held))
+
     trainer = GRPOTrainer(model=path, reward_funcs=target_reward, args=args,
                           train_dataset=Dataset.from_dict({"prompt": prompts}),
-                          processing_class=tokenizer)
+                          processing_class=tokenizer, callbacks=[Programs()])
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     result = {key: [h[key] for h in logs] for key in ("loss", "reward", "kl", "entropy")}
+    result.update(programs=programs, pad_to_multiple_of=args.pad_to_multiple_of,
+                  lengths=[h["completions/max_length"] for h in logs],
+                  min_lengths=[h["completions/min_length"] for h in logs])
     result.update(device=str(next(trainer.model.parameters()).device), world_size=args.world_size)
     with open(os.path.join(out_dir, f"result{args.process_index}.json"), "w") as f:
         json.dump(result, f)
@@ -139,8 +152,27 @@ def cpu_run() -> dict:
     return run(cpu=True)[0]
 
 
+# TRL's completion-length metrics (grpo_trainer.py: the lengths of the completions that
+# ended, picked by a boolean mask: a vector whose size is data) are the only programs a
+# step may still compile: a few tiny ones per new count of ended completions
+TRL_METRIC_OPS = {"aten.index_put_.default", "aten._to_copy.default", "aten.copy_.default",
+                  "aten.mean.default", "aten.min.default", "aten.max.default"}
+
+
 def test_grpo_trainer_trains_like_on_cpu(cpu_run):
-    check(run(cpu=False), cpu_run)
+    """Completions end at their own lengths (sampling stops at the end token), so steps
+    meet new lengths; on tpu GRPOConfig's pad_to_multiple_of="auto" pads them to a
+    multiple of min(64, max_completion_length) (torch_tpu/_integrations/trl.py): from the
+    third step on, no model program compiles."""
+    got = run(cpu=False)
+    check(got, cpu_run)
+    got = got[0]
+    assert got["pad_to_multiple_of"] == 6 and cpu_run["pad_to_multiple_of"] is None
+    assert len(set(got["min_lengths"])) > 1, got  # the lengths did vary
+    for step in range(2, STEPS):
+        before, after = collections.Counter(got["programs"][step - 1]), collections.Counter(got["programs"][step])
+        new = sorted((after - before).elements())
+        assert set(new) <= TRL_METRIC_OPS and len(new) <= 5, (step + 1, new)
 
 
 @pytest.mark.distributed

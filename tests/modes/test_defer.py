@@ -343,8 +343,12 @@ def test_scalars_passed_once_per_value_and_changing_values_reuse_the_graph():
 def test_upload_is_a_pending_node_that_keeps_the_values_it_was_given():
     with torch_tpu.eager_mode(DEFER):
         torch_tpu.sync()
+        # nothing pending: an upload goes at once (a model's weights before its loop)
+        first = torch.ones(3).to("tpu")
+        assert type(first.untyped_storage()._xla[0]).__name__ != "Lazy"
         base = torch.tpu.memory_allocated()
         host = torch.arange(6.0).reshape(2, 3)
+        pending = first * 3  # a graph is pending: uploads join it
         t = host.to("tpu")
         ids = torch.tensor([[3, 1], [2, 0]], device="tpu")
         assert type(t.untyped_storage()._xla[0]).__name__ == "Lazy"  # no XLA call yet
@@ -356,13 +360,15 @@ def test_upload_is_a_pending_node_that_keeps_the_values_it_was_given():
         assert delta.get("flush.to_cpu") == 1
         torch.testing.assert_close(got, torch.tensor([6.0, 10.0, 14.0]))
         assert ids.cpu().tolist() == [[3, 1], [2, 0]]
+        assert pending.cpu().tolist() == [3.0, 3.0, 3.0]
         big = torch.ones(2 << 20).to("tpu")  # 8 MiB: moved at once, no host copy kept
         assert type(big.untyped_storage()._xla[0]).__name__ != "Lazy"
         # the uploads' values are arguments of the program, not constants of it: new
         # values, same graph
         compiled = metrics.as_dict()["counters"].get("fused_graphs_compiled", 0)
         for k in range(3):
-            (torch.full((2, 3), float(k)).to("tpu") * 2).sum(0).cpu()
+            x = torch.zeros(1, device="tpu")  # pending, so the upload joins the graph
+            (torch.full((2, 3), float(k)).to("tpu") * 2 + x).sum(0).cpu()
         assert metrics.as_dict()["counters"].get("fused_graphs_compiled", 0) - compiled <= 1
 
 

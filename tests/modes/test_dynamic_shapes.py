@@ -32,11 +32,9 @@ def bptt_cpu():
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_sliced_batches_compile_nothing_after_warmup(mode, bptt_cpu, tmp_path):
     """`source[i:i + bptt]` at every i is one program: a view's offset is data, not part
-    of the program's key. Strict and compile are warm after the first batch; DeferAndFuse
-    after the second (the first batch's graph lacks the optimizer step that every later
-    graph begins with, since the step is recorded after backward's flush)."""
+    of the program's key. Every mode is warm after the first batch (DeferAndFuse flushes
+    at the optimizer step's end, so its graphs begin where the iterations do)."""
     got = _run(swap_cuda(SCRIPTS / "lm_bptt.py", tmp_path / "lm_bptt_tpu.py"), MODES[mode])
-    warm = 2 if mode == "defer_and_fuse" else 1
-    assert got["programs"][warm:] == [got["programs"][warm - 1]] * (len(got["programs"]) - warm), got
+    assert got["programs"][1:] == [got["programs"][0]] * (len(got["programs"]) - 1), got
     torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(bptt_cpu["losses"]),
                                rtol=1e-5, atol=1e-5)

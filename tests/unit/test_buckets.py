@@ -1,6 +1,7 @@
-"""Bucket sizes (torch_tpu/_buckets.py) and the generation and Trainer adapters' patches
-(torch_tpu/_integrations/): still matching the transformers they were written for.
+"""Bucket sizes (torch_tpu/_buckets.py) and the generation, Trainer and TRL adapters' patches
+(torch_tpu/_integrations/): still matching the transformers and TRL they were written for.
 tests/models/test_generate_buckets.py and test_trainer_padding.py run them end to end."""
+import importlib
 import inspect
 
 import pytest
@@ -10,7 +11,7 @@ import transformers.trainer  # noqa: F401  (installs the Trainer adapter's patch
 
 import torch_tpu
 from torch_tpu import _buckets
-from torch_tpu._integrations import generation, trainer
+from torch_tpu._integrations import generation, trainer, trl
 
 
 def test_powers_of_two_by_default(monkeypatch):
@@ -74,6 +75,21 @@ def test_written_against_this_transformers(patch):
     owner, name = patch.owner_and_name()
     assert inspect.getattr_static(owner, name)._tpu_patch is patch
     assert patch.current_signature() == patch.signature
+
+
+@pytest.mark.parametrize("patch", trl.PATCHES, ids=lambda p: p.target)
+def test_written_against_this_trl(patch):
+    """A new TRL must be read against its configs' `pad_to_multiple_of` handling."""
+    library = importlib.import_module("trl")
+    importlib.import_module(patch.target.partition(":")[0])  # (installs the patch)
+    assert library.__version__ == trl.WRITTEN_AGAINST
+    owner, name = patch.owner_and_name()
+    assert inspect.getattr_static(owner, name)._tpu_patch is patch
+    assert patch.current_signature() == patch.signature
+
+
+def test_trl_auto_padding_is_a_multiple_bounded_by_the_completion_length():
+    assert [trl.padding_multiple(n) for n in (1, 6, 64, 65, 1024)] == [1, 6, 64, 64, 64]
 
 
 def test_bucketed_collator_pads_masked_batches_on_the_tokenizer_side_and_pickles():

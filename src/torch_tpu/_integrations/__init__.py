@@ -2,13 +2,15 @@
 
 Each adapter is applied lazily, when its library is imported, so that `import torch_tpu`
 imports none of them. generation: HF generate() on tpu at bucketed shapes; trainer: HF
-Trainer's batches at bucketed lengths."""
+Trainer's batches at bucketed lengths; trl: TRL's GRPO and RLOO completions padded to
+bounded lengths."""
 from __future__ import annotations
 
-from . import accelerate, generation, trainer
+from . import accelerate, generation, trainer, trl
 
 
 def install() -> None:
     accelerate.install()
     generation.install()
     trainer.install()
+    trl.install()

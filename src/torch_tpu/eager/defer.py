@@ -11,6 +11,11 @@ the same cached graph. The recorder keeps the entry ids recorded since the last 
 the newest 2P ops are one block of P ops repeated (and P is a large part of what was
 recorded), it flushes, so each flush covers the same repeated ops.
 
+Step boundary: the end of an optimizer step flushes. A training loop's graphs then begin
+where its iterations do: the first iteration's backward-and-step graph is every later
+iteration's, and so is its forward (else the first forward stands alone and every later
+one joins the previous step: one more program, compiled at the second iteration).
+
 Compile-cost guard: XLA compiles an unrolled loop's every step anew, and on XLA:CPU a
 step with a matmul and an RNN cell costs ~0.2-0.5 s, so a 2-layer LSTM over 35 time steps
 (forward, or backward: 20 ops a step) compiled for minutes as one graph. The detector's
@@ -52,10 +57,11 @@ import weakref
 import jax.numpy as jnp
 import torch
 
-from .. import _C, _frames, _runtime, _storage, metrics
+from .. import _C, _frames, _on_import, _runtime, _storage, metrics
 from .._program_cache import op_entry
 from . import fuse
 from .._C import Lazy, Node
+from ..op import current
 from ..op.opcall import Entry, device_scalar, run_eager, scan_fast
 from .strict import new_tensor
 
@@ -152,8 +158,12 @@ class DeferExecutor:
         transfer rides on the flush's XLA call (the first call after the device went
         idle costs ~0.3 ms, and a training step's batch upload is such a call). Large
         ones (weights moved once) go at once: a pending upload keeps its host copy until
-        the flush."""
-        if not 0 < src.numel() * src.element_size() <= DEFERRED_UPLOAD_MAX_BYTES:
+        the flush. One made while no graph is pending goes at once too: a model's weights
+        and a data set moved before the loop would otherwise make its first graph differ
+        from every later one (one more program, compiled at the second iteration), and a
+        step's batch upload, made after the previous step's flush, is such an upload on
+        every iteration alike."""
+        if not self.nodes or not 0 < src.numel() * src.element_size() <= DEFERRED_UPLOAD_MAX_BYTES:
             _storage.set_buffer(storage, _runtime.to_device(src))
             return
         host = _runtime.host_array(src)
@@ -286,6 +296,24 @@ class DeferExecutor:
                 if self.paused_gc:
                     self.paused_gc = False
                     gc.enable()
+
+
+def _flush_after_step(optimizer, args, kwargs):
+    """torch's global hook after every Optimizer.step: the step boundary (see the top)."""
+    ex = current.executor()
+    if isinstance(ex, DeferExecutor):
+        ex.flush("optimizer_step")
+
+
+def _hook_optimizer_steps():
+    import torch.optim.optimizer as optimizer
+
+    optimizer.register_optimizer_step_post_hook(_flush_after_step)
+
+
+# (torch.optim may still be loading when torch's device autoload imports torch_tpu)
+_on_import.when_imported("torch.optim.optimizer", _hook_optimizer_steps,
+                         lambda m: hasattr(m, "register_optimizer_step_post_hook"))
 
 
 def _repeated_block(nodes, ids) -> tuple[int, int]:
