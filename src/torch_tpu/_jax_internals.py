@@ -39,6 +39,12 @@ inside a function (at setup, at the backend's start) are still imported only whe
     distributed/_bootstrap._use_gloo_on: XLA:CPU's gloo collectives listening on a chosen
     address (loopback for a one-machine job). `jax_cpu_collectives_implementation="gloo"`
     takes no address.
+  - `forget_lowerings()` (jax._src.pjit._pjit_lower and jax._src.interpreters.pxla.
+    _cached_lowering_to_hlo, both weakref-keyed LRU caches). _program_cache._first_run:
+    jax keeps each jitted function's lowered StableHLO module while the function lives,
+    ~1.1 MB per program on XLA:CPU (1.5 MB held per program in all, 0.3 MB without),
+    though its executable is compiled and called without it. jax.clear_caches() would
+    drop the compiled executables too.
 """
 from __future__ import annotations
 
@@ -118,3 +124,13 @@ def gloo_cpu_client(hostname: str):
     if client is None:
         raise RuntimeError("gloo_cpu_client: JAX's distributed runtime is not initialized")
     return make_client(collectives=make_collectives(distributed_client=client, hostname=hostname))
+
+
+def forget_lowerings() -> None:
+    """Drop jax's cached lowerings of every jitted function (not their executables: jit's
+    C++ cache keeps those, and a later call of the same signature runs them)."""
+    from jax._src import pjit
+    from jax._src.interpreters import pxla
+
+    pjit._pjit_lower.cache_clear()
+    pxla._cached_lowering_to_hlo.cache_clear()

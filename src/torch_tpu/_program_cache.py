@@ -10,9 +10,11 @@ it compiles here, and this module applies, once for all three:
               program leaves its cache (metrics `programs.<kind>.evictions`) and its
               executable is freed with it. A fused graph names its op entries by id, so it
               pins them: they leave after it. XLA:CPU reports no code size for an
-              executable (0), yet each one held costs ~1.6 MB of resident memory (measured
-              here: 200 distinct sizes of one op, unbounded, grew RSS by 325 MB), so 1.5
-              MiB is its size on CPU; elsewhere the size is XLA's generated-code size.
+              executable (0), yet each one held costs ~0.3 MB of resident memory (500
+              distinct sizes of one op: tests/unit/test_program_cache.py), so 0.5 MiB is
+              its size on CPU; elsewhere the size is XLA's generated-code size. That is
+              once jax's cached lowering of it is dropped, after its first call
+              (_jax_internals.forget_lowerings): with it, 1.5 MB.
   precision   an op whose lowering is precision-sensitive (_precision.py) is looked up
               under (key, precision snapshot) and traced with the snapshot bound
   cache-only  `set_cache_only(True)` (serving after warm-up): a miss raises CacheMissError
@@ -42,15 +44,16 @@ import os
 import threading
 import time
 import warnings
+import weakref
 
 import jax
 import torch
 
-from . import _cache, _config, _frames, _precision, _recompiles, _runtime, metrics
+from . import _cache, _config, _frames, _jax_internals, _precision, _recompiles, _runtime, metrics
 
 OP, GRAPH, COMPILED = "op", "graph", "compiled"
 KINDS = (OP, GRAPH, COMPILED)
-CPU_PROGRAM_BYTES = 3 << 19   # 1.5 MiB: see the module doc
+CPU_PROGRAM_BYTES = 1 << 19   # 0.5 MiB: see the module doc
 _MB = 1 << 20
 
 
@@ -62,7 +65,8 @@ class Program:
     """One cached program: where it is held, what it cost, why it was compiled."""
 
     __slots__ = ("ahead", "calls", "compiled", "disk", "fn", "ident", "key", "kind", "label", "name",
-                 "nbytes", "owner", "pinned", "pins", "precision", "reason", "seconds", "where")
+                 "nbytes", "owner", "pinned", "pins", "precision", "reason", "seconds", "where",
+                 "__weakref__")  # (_AHEAD_PENDING)
 
     def __init__(self, kind, name, where, owner, key, reason, precision=None):
         self.kind, self.name, self.where = kind, name, where
@@ -346,7 +350,13 @@ def compile_ahead(rec, specs) -> None:
         return mine, time.perf_counter() - t0
 
     rec.ahead = _AHEAD[0].submit(work)
+    _AHEAD_PENDING.add(rec)
     _COUNT["compile.ahead"] += 1
+
+
+# programs whose compile_ahead work their first call has not collected: until then jax's
+# lowering caches must keep what leads that call to the executable compiled ahead
+_AHEAD_PENDING: weakref.WeakSet = weakref.WeakSet()
 
 
 def _first_run(rec, fn, args):
@@ -381,6 +391,9 @@ def _first_run(rec, fn, args):
             _evict(rec.ident)
     if dump is not None:
         _dump(dump, rec, fn, specs)
+    # jax would keep the program's lowered module as long as `fn` lives (_jax_internals)
+    if not _AHEAD_PENDING:
+        _jax_internals.forget_lowerings()
     return out
 
 
@@ -388,6 +401,7 @@ def _await_ahead(rec):
     """compile_ahead's events and seconds, once its work is done (none if it failed: the
     first call then compiles, and raises what it should)."""
     ahead, rec.ahead = rec.ahead, None
+    _AHEAD_PENDING.discard(rec)
     if ahead is None:
         return [], 0.0
     try:
