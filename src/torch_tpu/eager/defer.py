@@ -221,6 +221,7 @@ class DeferExecutor:
     def _run_now(self, plan, vals):
         """Data-dependent shapes (nonzero, ...): flush, then run the op on concrete values."""
         self.flush("data_dependent")
+        _COUNTERS["defer.ran_at_once"] += 1
         key, bufs, dyns = plan.scan(vals)
         entry = op_entry(plan, key, vals, False)
         fresh, outs = run_eager(plan, entry, vals, bufs, dyns)
