@@ -17,7 +17,7 @@ BENCHES = {
     "modes": ("torch_tpu_tools.bench.modes", "eager modes on small Llama/Qwen2: Strict vs DeferAndFuse vs Debug vs CPU eager (train, generate, memory, per-op recording)"),
     "soak": ("torch_tpu_tools.bench.soak", "1,000 training steps with generation: RSS, device bytes, objects and programs stay flat (OUT/RELIABILITY.md)"),
     "rl": ("torch_tpu_tools.bench.rl", "the GRPO loop (torch_tpu_tools.grpo, run by examples/grpo.py): rollout, scoring, reference, update on tpu (Strict, DeferAndFuse, compiled) vs CPU eager"),
-    "shapes": ("torch_tpu_tools.bench.shapes", "varying shapes (issue 15): generate at 16/64/256 tokens, variable-length training, the source[i:i+bptt] loop, cold generate in fresh processes; programs, cold s, warm vs CPU eager"),
+    "shapes": ("torch_tpu_tools.bench.shapes", "varying shapes (issue 15): generate at 16/64/256 tokens, variable-length training, the source[i:i+bptt] loop, cold generate in fresh processes; programs, cold s, warm vs CPU eager; --clients: Trainer dynamic padding, GRPO, nanoGPT generate, first steps"),
 }
 
 HELP = "benchmarks: bench NAME (see `bench --help`)"

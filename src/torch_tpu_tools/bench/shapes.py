@@ -43,9 +43,9 @@ import time
 
 import torch
 
-from ..workloads import decoder, wordlm
+from ..workloads import clients, decoder, wordlm
 from ..workloads.decoder import DecoderSpec
-from . import common
+from . import common, shapes_clients
 
 MODES = ("strict", "defer_and_fuse", "compiled")
 LABELS = {"strict": "Strict", "defer_and_fuse": "DeferAndFuse",
@@ -461,12 +461,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm-batches", type=int, default=12, help="batches of the sliced LM loop")
     p.add_argument("--quick", action="store_true",
                    help="a tiny model and tiny lengths (for tests); implies --no-write")
+    p.add_argument("--clients", metavar="NAMES",
+                   help="instead: real clients whose shapes vary, each in fresh processes "
+                        "(comma list of " + ",".join(clients.NAMES) + ", or all)")
+    p.add_argument("--client-timeout", type=float, default=300.0,
+                   help="seconds one client's process may take (default 300)")
     common.add_output_arguments(p)
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--cold-child", choices=MODES, help=argparse.SUPPRESS)
 
 
 def main(args) -> int:
+    if args.clients:
+        return shapes_clients.main(args)
     if args.quick and not (args.child or args.cold_child):  # the parent passes them on
         args.lengths, args.cold_tokens, args.train_range = "2,3,4", 3, "8,24"
         args.train_steps, args.lm_batches, args.warm_rounds = 2, 4, 1
