@@ -1,4 +1,5 @@
-"""TRL's GRPOTrainer, unmodified, on the accelerator: one process and two under torchrun.
+"""TRL's GRPOTrainer, unmodified, on the accelerator: one process and two under torchrun;
+and RLOOTrainer in one process.
 
 `user_script` is what a TRL user writes for a GPU, with no device named anywhere (as in
 tests/models/test_trainer.py): transformers and accelerate pick the accelerator, which is this
@@ -47,7 +48,12 @@ def user_script(out_dir: str) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
                               TrainerCallback)
-    from trl import GRPOConfig, GRPOTrainer
+    import trl
+
+    # TRL_TRAINER=rloo: the same run with RLOO (leave-one-out baselines), whose config and
+    # trainer take the same arguments
+    kind = os.environ.get("TRL_TRAINER", "grpo").upper()
+    Config, Trainer = getattr(trl, f"{kind}Config"), getattr(trl, f"{kind}Trainer")
 
     words = ["<pad>", "<eos>"] + [f"w{i}" for i in range(14)]
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
@@ -71,7 +77,7 @@ def user_script(out_dir: str) -> None:
     def target_reward(completions, **kwargs):
         return [c.split().count(TARGET) / 6 for c in completions]
 
-    args = GRPOConfig(output_dir=out_dir, max_steps=STEPS, per_device_train_batch_size=16,
+    args = Config(output_dir=out_dir, max_steps=STEPS, per_device_train_batch_size=16,
                       num_generations=8, max_completion_length=6, learning_rate=2e-2,
                       beta=0.04, temperature=1.0, top_k=12, logging_steps=1, seed=0,
                       # fp32 on both devices (GRPOConfig's default is bf16, which
@@ -86,7 +92,7 @@ def user_script(out_dir: str) -> None:
                 held = torch.tpu.compile_cache_stats(programs=True, disk=False)["programs"]
                 programs.append(sorted(p["name"] for p in held))
 
-    trainer = GRPOTrainer(model=path, reward_funcs=target_reward, args=args,
+    trainer = Trainer(model=path, reward_funcs=target_reward, args=args,
                           train_dataset=Dataset.from_dict({"prompt": prompts}),
                           processing_class=tokenizer, callbacks=[Programs()])
     trainer.train()
@@ -101,9 +107,9 @@ def user_script(out_dir: str) -> None:
 
 
 # ---------------------------------------------------------------- running it
-def run(*, cpu: bool, nproc: int = 1) -> list[dict]:
+def run(*, cpu: bool, nproc: int = 1, trainer: str = "grpo") -> list[dict]:
     out_dir = tempfile.mkdtemp(prefix="trl_grpo_")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+    env = dict(os.environ, TRL_TRAINER=trainer, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS="1", TORCH_TPU_RECOMPILE_WARN="0",
                PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
     if cpu:
@@ -166,11 +172,22 @@ def test_grpo_trainer_trains_like_on_cpu(cpu_run):
     third step on, no model program compiles."""
     got = run(cpu=False)
     check(got, cpu_run)
-    got = got[0]
+    check_programs(got[0], cpu_run)
+
+
+def test_rloo_trainer_trains_like_on_cpu():
+    """RLOOTrainer, the same run: its config pads the same way."""
+    want = run(cpu=True, trainer="rloo")[0]
+    got = run(cpu=False, trainer="rloo")
+    check(got, want)
+    check_programs(got[0], want)
+
+
+def check_programs(got: dict, cpu_run: dict) -> None:
     assert got["pad_to_multiple_of"] == 6 and cpu_run["pad_to_multiple_of"] is None
     assert len(set(got["min_lengths"])) > 1, got  # the lengths did vary
     for step in range(2, STEPS):
-        before, after = collections.Counter(got["programs"][step - 1]), collections.Counter(got["programs"][step])
+        before, after = (collections.Counter(got["programs"][i]) for i in (step - 1, step))
         new = sorted((after - before).elements())
         assert set(new) <= TRL_METRIC_OPS and len(new) <= 5, (step + 1, new)
 
