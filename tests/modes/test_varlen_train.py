@@ -37,9 +37,9 @@ def test_one_program_set_per_bucket_and_cpu_numbers(mode, cpu_steps):
     assert [s["length"] for s in steps] == [s["length"] for s in cpu_steps]
     buckets = [s["padded"] for s in steps]
     assert set(buckets) <= {16, 32, 64, 128, 256, 512} and len(set(buckets)) >= 3, buckets
-    # A bucket seen before compiles nothing. DeferAndFuse's exception: its first step's
-    # graph lacks the optimizer step that every later graph starts with (recorded after
-    # backward's flush), so the first bucket's second step compiles once more.
+    # A bucket seen before compiles nothing. DeferAndFuse's exception: AdamW makes its
+    # state in its first step, so the first step's backward-and-step graph differs from
+    # every later one, and the first bucket's second step compiles once more.
     exempt = buckets.index(buckets[0], 1) if mode == "defer_and_fuse" else None
     repeats = [(i, s["padded"], s["programs"]) for i, s in enumerate(steps)
                if s["padded"] in buckets[:i] and i != exempt]

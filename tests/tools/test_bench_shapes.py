@@ -68,3 +68,36 @@ def test_quick_bench_fills_every_cell():
         assert int(c[6]) + int(c[7]) > 0, c    # XLA compiles + disk hits
     assert int(cold[1][6]) <= int(cold[0][6]) and int(cold[1][7]) > 0  # the disk cache served
     assert "### Issue 15's targets" in text
+
+
+def test_clients_targets_read_the_results():
+    """The client rows' targets: a projection of generate's growth from 16 and 32 tokens
+    (linear growth: 7.7x, a miss), ratios against the padded run and CPU's warm step."""
+    from torch_tpu_tools.bench import shapes_clients as sc
+
+    res = {"trainer": {"cpu": {"first_s": 0.1, "warm_s": 0.01, "wall_s": 1.0},
+                       "strict": {"first_s": 5.0, "warm_s": 0.02, "wall_s": 12.0,
+                                  "programs": 90, "late_programs": 0}},
+           "trainer_max": {"cpu": {"wall_s": 1.0}, "strict": {"wall_s": 10.0}},
+           "generate16": {"cpu": {"first_s": 0.02}, "strict": {"first_s": 20.0,
+                                                               "programs": 233, "compile_s": 19.0}},
+           "generate32": {"cpu": {"first_s": 0.04}, "strict": {"first_s": 38.0,
+                                                               "programs": 457, "compile_s": 36.0}},
+           "first_step": {"cpu": {"first_s": 0.03}, "strict": {"error": "ran past 240 s"}}}
+    text = sc.render(res, ["cpu", "strict"], 1.0)
+    assert "wall time: **1.20x** (≤ 1.5x" in text and "second epoch: 0" in text
+    assert "programs **7.73x** (miss)" in text and "measured at 32: **1.96x**" in text
+    assert "(ran past 240 s)" in text and "(≤ 3 s: n/a)" in text
+    assert _rows(text, "trainer")[0][1:4] == ["0.10", "5.00", "**50.00x**"]
+
+
+@pytest.mark.slow
+def test_clients_run_in_fresh_processes_beside_cpu():
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_tpu", "bench", "shapes", "--clients", "first_step",
+         "--modes", "strict", "--no-write"], capture_output=True, text=True, timeout=600,
+        check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cells = _rows(proc.stdout, "first_step")[0]
+    cpu_s, tpu_s, programs = float(cells[1]), float(cells[2]), int(cells[6])
+    assert 0 < cpu_s < tpu_s and programs > 10, cells  # the tpu step compiled its programs

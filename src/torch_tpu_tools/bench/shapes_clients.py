@@ -157,7 +157,8 @@ def main(args) -> int:
     variants = ["cpu"] + [m for m in args.modes.split(",") if m in VARIANTS]
     t0 = time.perf_counter()
     res = measure(names, variants, args.client_timeout)
-    text = render(res, variants, time.perf_counter() - t0)
+    text = render(res, variants, time.perf_counter() - t0) + "\n\n" + common.notes(
+        args.out, "shapes_clients")
     print(text)
     if not args.no_write:
         common.publish(args.out, "shapes_clients", "Shapes: real clients whose shapes vary "
