@@ -83,6 +83,15 @@ def pad_to_bucket(batch, *, pad_token_id: int = 0, label_pad_id: int = -100, dim
     return type(batch)(padded) if not isinstance(batch, dict) else padded
 
 
+def pad_masked_batch(batch, pad_token_id: int, side: str):
+    """`pad_to_bucket` for a collator's batch that has `input_ids` and an attention mask;
+    any other batch as it is (without a mask, padding could change the result)."""
+    if not hasattr(batch, "get") or not torch.is_tensor(batch.get("attention_mask")) \
+            or not torch.is_tensor(batch.get("input_ids")):
+        return batch
+    return pad_to_bucket(batch, pad_token_id=pad_token_id, side=side)
+
+
 def _carries_sequence(t, ids_shape, dim: int) -> bool:
     """Whether `t` is laid out as input_ids, and so carries the sequence at `dim`: it has
     input_ids' leading dims (a size-1 dim broadcasts, as `position_ids` of `[1, S]` does),

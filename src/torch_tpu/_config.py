@@ -167,6 +167,10 @@ _DECLARED = [
             "padding compiles one program set per bucket, and TRL's GRPO and RLOO trainers "
             "pad completions to multiples of min(64, max_completion_length) (their "
             "`pad_to_multiple_of=\"auto\"`); 0: batches as the collator made them"),
+    Setting("TORCH_TPU_BUCKETED_COLLATORS", "bool", True, PER_OP,
+            "Once this process uses tpu, HF's padding collators (`DataCollatorWithPadding`, "
+            "`...ForSeq2Seq`, `...ForLanguageModeling`, `...ForTokenClassification`) pad each "
+            "batch with an attention mask to its bucket, in any loop; 0: as they pad"),
     Setting("TORCH_TPU_BUCKETED_GENERATE", "bool", True, PER_OP,
             "HF `generate()` on tpu decodes at a bucketed capacity (one program set per "
             "bucket, not per token); 0 runs transformers' own loop"),

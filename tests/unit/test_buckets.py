@@ -8,10 +8,11 @@ import pytest
 import transformers
 import transformers.generation.utils  # noqa: F401  (installs the adapter's patches)
 import transformers.trainer  # noqa: F401  (installs the Trainer adapter's patch)
+import transformers.data.data_collator  # noqa: F401  (installs the collators' patches)
 
 import torch_tpu
 from torch_tpu import _buckets
-from torch_tpu._integrations import generation, trainer, trl
+from torch_tpu._integrations import collators, generation, trainer, trl
 
 
 def test_powers_of_two_by_default(monkeypatch):
@@ -67,11 +68,13 @@ def test_pad_to_bucket_pads_only_what_carries_the_sequence(monkeypatch):
     assert batch["position_ids"].shape == (1, 32) and batch["inputs_embeds"].shape == (20, 32, 5)
 
 
-@pytest.mark.parametrize("patch", generation.PATCHES + trainer.PATCHES, ids=lambda p: p.target)
+@pytest.mark.parametrize("patch", generation.PATCHES + trainer.PATCHES + collators.PATCHES,
+                         ids=lambda p: p.target)
 def test_written_against_this_transformers(patch):
     """A new transformers must be read against the wrapped code before the pin moves: the
     bucketed loop reproduces `_sample`'s steps; Trainer's loaders read `self.data_collator`."""
-    assert transformers.__version__ == generation.WRITTEN_AGAINST == trainer.WRITTEN_AGAINST
+    assert transformers.__version__ == generation.WRITTEN_AGAINST == trainer.WRITTEN_AGAINST \
+        == collators.WRITTEN_AGAINST
     owner, name = patch.owner_and_name()
     assert inspect.getattr_static(owner, name)._tpu_patch is patch
     assert patch.current_signature() == patch.signature

@@ -2,15 +2,17 @@
 
 Each adapter is applied lazily, when its library is imported, so that `import torch_tpu`
 imports none of them. generation: HF generate() on tpu at bucketed shapes; trainer: HF
-Trainer's batches at bucketed lengths; trl: TRL's GRPO and RLOO completions padded to
-bounded lengths."""
+Trainer's batches at bucketed lengths; collators: HF's padding collators at bucketed
+lengths in any loop on tpu; trl: TRL's GRPO and RLOO completions padded to bounded
+lengths."""
 from __future__ import annotations
 
-from . import accelerate, generation, trainer, trl
+from . import accelerate, collators, generation, trainer, trl
 
 
 def install() -> None:
     accelerate.install()
+    collators.install()
     generation.install()
     trainer.install()
     trl.install()

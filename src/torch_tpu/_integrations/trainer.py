@@ -37,11 +37,7 @@ class BucketedCollator:
         self.inner, self.pad_token_id, self.side = inner, pad_token_id, side
 
     def __call__(self, features):
-        batch = self.inner(features)
-        if not hasattr(batch, "get") or batch.get("attention_mask") is None \
-                or batch.get("input_ids") is None:
-            return batch
-        return _buckets.pad_to_bucket(batch, pad_token_id=self.pad_token_id, side=self.side)
+        return _buckets.pad_masked_batch(self.inner(features), self.pad_token_id, self.side)
 
     def __getattr__(self, name):  # the collator's own attributes (tokenizer, ...)
         if name.startswith("__") or name == "inner":  # (unpickling in a loader worker)
