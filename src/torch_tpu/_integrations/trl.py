@@ -44,14 +44,12 @@ PATCHES = [Patch(f"{module}:{name}.__post_init__", "(self)", _post_init,
            for module, name in _CONFIGS.items()]
 
 
-def _patch(patch):
-    name = patch.target.partition(":")[2].split(".")[0]
-    return lambda: _patches.apply_all(
-        [patch], f"TRL's {name} (written against {WRITTEN_AGAINST}) is left unpatched: "
-                 "completions of new lengths compile per length on tpu")
-
-
 def install() -> None:
     """Patch TRL's GRPO and RLOO configs now if they are loaded, else once they are."""
     for patch, (module, name) in zip(PATCHES, _CONFIGS.items()):
-        _on_import.when_imported(module, _patch(patch), lambda m, name=name: hasattr(m, name))
+        consequence = (f"TRL's {name} (written against {WRITTEN_AGAINST}) is left unpatched: "
+                       "completions of new lengths compile per length on tpu")
+        _on_import.when_imported(
+            module, lambda patch=patch, consequence=consequence:
+            _patches.apply_all([patch], consequence),
+            lambda m, name=name: hasattr(m, name))
