@@ -92,6 +92,14 @@ def pad_masked_batch(batch, pad_token_id: int, side: str):
     return pad_to_bucket(batch, pad_token_id=pad_token_id, side=side)
 
 
+def lengths_chosen(collator) -> bool:
+    """Whether an HF collator pads to lengths its user chose (`padding="max_length"`, or a
+    `pad_to_multiple_of`): its batches' lengths are bounded already, and left as they are."""
+    padding = getattr(collator, "padding", None)
+    return getattr(padding, "value", padding) == "max_length" \
+        or getattr(collator, "pad_to_multiple_of", None) is not None
+
+
 def _carries_sequence(t, ids_shape, dim: int) -> bool:
     """Whether `t` is laid out as input_ids, and so carries the sequence at `dim`: it has
     input_ids' leading dims (a size-1 dim broadcasts, as `position_ids` of `[1, S]` does),

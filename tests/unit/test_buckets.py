@@ -112,3 +112,17 @@ def test_bucketed_collator_pads_masked_batches_on_the_tokenizer_side_and_pickles
     assert bare([])["input_ids"] is ids
     copy = pickle.loads(pickle.dumps(trainer.BucketedCollator(dict, 0, "right")))
     assert copy.pad_token_id == 0 and copy.inner is dict
+
+
+def test_collators_whose_user_chose_the_lengths_are_left_alone():
+    """`padding="max_length"` or a `pad_to_multiple_of` bounds the lengths already: neither
+    Trainer's loaders nor the collators pad such batches further."""
+    from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
+
+    from torch_tpu._buckets import lengths_chosen
+
+    assert not lengths_chosen(DataCollatorWithPadding(None))
+    assert lengths_chosen(DataCollatorWithPadding(None, padding="max_length", max_length=100))
+    assert lengths_chosen(DataCollatorWithPadding(None, pad_to_multiple_of=8))
+    assert not lengths_chosen(DataCollatorForLanguageModeling(None, mlm=False))
+    assert not lengths_chosen(lambda features: features)  # a collate_fn of the user's

@@ -9,7 +9,8 @@ further, to its length's bucket, when this process has started the tpu device (o
 loader worker forked from one that has): a CPU-only run with torch_tpu installed keeps its
 batches as they were. The padding is the collator's own (its tokenizer's pad token and
 side, mask 0, labels -100: `_buckets.pad_masked_batch`); a batch without an attention mask
-is left as it is. Under Trainer, its loaders' wrapper pads the same way, so a batch is
+is left as it is, and so is a collator whose user chose its lengths (`padding="max_length"`,
+`pad_to_multiple_of`). Under Trainer, its loaders' wrapper pads the same way, so a batch is
 padded once. A `pad_sequence` collate_fn the user wrote is not touched: nothing says which
 of its tensors a model masks.
 
@@ -27,7 +28,7 @@ _MODULE = "transformers.data.data_collator"
 
 
 def _bucketed(collator, batch):
-    if not (_runtime.started() or _runtime.in_bad_fork()) \
+    if not (_runtime.started() or _runtime.in_bad_fork()) or _buckets.lengths_chosen(collator) \
             or not _config.get("TORCH_TPU_BUCKETED_COLLATORS"):
         return batch
     tokenizer = getattr(collator, "tokenizer", None)

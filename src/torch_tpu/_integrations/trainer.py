@@ -14,7 +14,8 @@ which pads each batch further, along the sequence, to its length's bucket
 is what the collator's own padding is: the model's pad token on the tokenizer's side, an
 attention mask of 0, labels of -100 (ignored by the loss), so a model computes on the real
 tokens what the unpadded batch gives. A batch without an attention mask is left as it is:
-there, padding could change the result. A model with no pad token is left as it is too
+there, padding could change the result; so is a collator whose user chose its lengths
+(`padding="max_length"`, `pad_to_multiple_of`). A model with no pad token is left as it is too
 (its classifier finds the last token by the pad token). The dataset's examples and the
 collator the user passed are unchanged; only the loaders' batches are padded.
 
@@ -66,6 +67,7 @@ def _get_dataloader(original):
         padding = _pad_token(self)
         if (self.args.device.type == "tpu" and padding is not None and collator is not None
                 and not isinstance(collator, BucketedCollator)
+                and not _buckets.lengths_chosen(collator)
                 and _config.get("TORCH_TPU_BUCKETED_TRAINER")):
             self.data_collator = BucketedCollator(collator, *padding)
             try:
