@@ -83,11 +83,12 @@ def test_clients_targets_read_the_results():
                                                                "programs": 233, "compile_s": 19.0}},
            "generate32": {"cpu": {"first_s": 0.04}, "strict": {"first_s": 38.0,
                                                                "programs": 457, "compile_s": 36.0}},
-           "first_step": {"cpu": {"first_s": 0.03}, "strict": {"error": "ran past 240 s"}}}
+           "first_step": {"cpu": {"first_s": 0.03},
+                          "strict": {"error": "the child process ran past 240 s"}}}
     text = sc.render(res, ["cpu", "strict"], 1.0)
     assert "wall time: **1.20x** (≤ 1.5x" in text and "second epoch: 0" in text
     assert "programs **7.73x** (miss)" in text and "measured at 32: **1.96x**" in text
-    assert "(ran past 240 s)" in text and "(≤ 3 s: n/a)" in text
+    assert "(the child process ran past 240 s)" in text and "(≤ 3 s: n/a)" in text
     assert _rows(text, "trainer")[0][1:4] == ["0.10", "5.00", "**50.00x**"]
 
 

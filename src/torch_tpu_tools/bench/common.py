@@ -1,5 +1,5 @@
-"""Shared benchmark helpers: synchronization, interleaved timing, the output folder, the
-report section in OUT/PERFORMANCE.md, and bar charts.
+"""Shared benchmark helpers: synchronization, interleaved timing, child processes, the
+output folder, the report section in OUT/PERFORMANCE.md, and bar charts.
 
 The output folder is an argument (`--out DIR`, default ./docs: the checkout's docs/ when
 run from its root), never a path derived from where the code lives: an installed wheel
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import pathlib
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 
@@ -64,6 +66,24 @@ def programs() -> int:
     (disk) cache hits."""
     kinds = torch.tpu.compile_cache_stats(programs=False, disk=False)["kinds"]
     return sum(k["xla_compiles"] + k["disk_hits"] for k in kinds.values())
+
+
+RESULT = "RESULT "  # a child process's answer: the line "RESULT {json}" it prints last
+
+
+def run_child(cmd: list[str], env: dict, timeout: float) -> dict:
+    """Run a bench's child process -> the json of its last RESULT line, or {"error": ...}
+    saying why there is none (it ran past `timeout`, or failed: its last stderr line)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the child process ran past {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": f"the child process failed ({proc.returncode}): {tail}"[:200]}
+    return json.loads(lines[-1][len(RESULT):])
 
 
 def one_line(e: BaseException, limit: int = 160) -> str:

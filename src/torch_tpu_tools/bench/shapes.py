@@ -36,7 +36,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +55,6 @@ QUICK_SPEC = DecoderSpec(hidden=16, layers=1, heads=2, kv_heads=1, vocab=64, seq
                          prompt=4, new_tokens=4, gen_batch=1, pad=0)
 CHART = "bench_shapes.png"
 TARGET_COLD_S, TARGET_COLD_DISK_S = 3.0, 1.0
-RESULT = "RESULT "
 
 
 # ---------------------------------------------------------------- counting
@@ -277,17 +275,8 @@ def cold_child(mode: str, tokens: int, budget: float, args) -> dict:
 
 
 def _spawn(argv: list[str], cache_dir: str, timeout: float) -> dict:
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR=cache_dir)
-    cmd = [sys.executable, "-m", "torch_tpu", "bench", "shapes", *argv]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"the child process ran past {timeout:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": f"the child process failed ({proc.returncode}): {tail}"[:200]}
-    return json.loads(lines[-1][len(RESULT):])
+    return common.run_child([sys.executable, "-m", "torch_tpu", "bench", "shapes", *argv],
+                            dict(os.environ, TORCH_TPU_CACHE_DIR=cache_dir), timeout)
 
 
 def _child_argv(args) -> list[str]:
@@ -478,10 +467,10 @@ def main(args) -> int:
         args.lengths, args.cold_tokens, args.train_range = "2,3,4", 3, "8,24"
         args.train_steps, args.lm_batches, args.warm_rounds = 2, 4, 1
     if args.child:
-        print(RESULT + json.dumps(child(args.child, args)))
+        print(common.RESULT + json.dumps(child(args.child, args)))
         return 0
     if args.cold_child:
-        print(RESULT + json.dumps(cold_child(args.cold_child, args.cold_tokens,
+        print(common.RESULT + json.dumps(cold_child(args.cold_child, args.cold_tokens,
                                              args.cold_budget, args)))
         return 0
     t0 = time.perf_counter()

@@ -8,9 +8,7 @@ sampling loop with a short one (generate).
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,16 +32,7 @@ def _spawn(name: str, variant: str, timeout: float) -> dict:
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), **VARIANTS[variant])
         cmd = [sys.executable, "-m", "torch_tpu_tools.workloads.clients", name,
                "cpu" if variant == "cpu" else "tpu"]
-        try:
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                               check=False)
-        except subprocess.TimeoutExpired:
-            return {"error": f"ran past {timeout:.0f} s"}
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if p.returncode != 0 or not lines:
-        tail = (p.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": f"failed ({p.returncode}): {tail}"[:200]}
-    return json.loads(lines[-1][len("RESULT "):])
+        return common.run_child(cmd, env, timeout)
 
 
 def measure(names, variants, timeout: float) -> dict:

@@ -203,4 +203,4 @@ def run(name: str, device: str) -> dict:
 
 
 if __name__ == "__main__":
-    print("RESULT " + json.dumps(run(sys.argv[1], sys.argv[2])))
+    print("RESULT " + json.dumps(run(sys.argv[1], sys.argv[2])))  # (bench/common.RESULT)
