@@ -45,26 +45,68 @@ def _out_kernel(op, functional):
     """out= variant: compute with the functional op, then resize and copy into `out`."""
     out_names = [a.name for a in op._schema.arguments if a.is_out]
     fplan = plan_for(functional)
+    # a factory's out= variant (arange.out, linspace.out, ...) has no dtype argument: the
+    # out tensor's dtype is the one it computes in (arange's int64 step truncates first)
+    dtype_from_out = (any(a.name == "dtype" for a in functional._schema.arguments)
+                      and not any(a.name == "dtype" for a in op._schema.arguments))
 
     def kernel(*args, **kwargs):
         outs = [kwargs.pop(n) for n in out_names]
-        result = current.executor().execute(fplan, normalize(fplan, args, kwargs))
-        results = result if isinstance(result, (tuple, list)) else (result,)
         if len(outs) == 1 and isinstance(outs[0], (list, tuple)):  # Tensor(a!)[] out
-            dsts, srcs = outs[0], results
+            dsts = outs[0]
         else:
-            dsts, srcs = outs, results
+            dsts = outs
+        for dst in dsts:
+            if dst.device.type != "tpu":
+                raise RuntimeError(f"Expected out tensor to have device "
+                                   f"{_out_device(args, kwargs)}, but got {dst.device} instead")
+        if dtype_from_out:
+            kwargs["dtype"] = dsts[0].dtype
+        result = current.executor().execute(fplan, normalize(fplan, args, kwargs))
+        srcs = result if isinstance(result, (tuple, list)) else (result,)
+        if dtype_from_out:
+            del kwargs["dtype"]
         # torch's out= rules, which computing with the functional op skips
         refusals.check_out(op, functional, srcs, dsts, args, dict(zip(out_names, outs), **kwargs))
         for dst, src in zip(dsts, srcs):
-            if dst.shape != src.shape:
-                dst.resize_(src.shape)
+            resize_output(dst, src.shape)
             dst.copy_(src)
         if not op._schema.returns:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return kernel
+
+
+def _out_device(args, kwargs):
+    """The device an out= call computes on: its first tpu input's (a factory's: tpu:0)."""
+    for v in (*args, *kwargs.values(), *(x for a in args if isinstance(a, (list, tuple)) for x in a)):
+        if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+            return v.device
+    return torch.device("tpu", 0)
+
+
+def resize_output(out, shape) -> None:
+    """torch's resize of an out= tensor (at::native::resize_output): a tensor of the right
+    shape keeps its strides; one of another shape is resized, with torch's deprecation
+    warning when it had elements."""
+    if out.shape == shape:
+        return
+    if out.numel():
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape "
+            f"{list(out.shape)}, which does not match the required output shape {list(shape)}. "
+            f"This behavior is deprecated, and in a future PyTorch release outputs will not be "
+            f"resized unless they have zero elements. You can explicitly reuse an out tensor t "
+            f"by resizing it, inplace, to zero elements with t.resize_(0).", stacklevel=3)
+    out.resize_(shape)
+
+
+def _resize_output_(self, size, device):
+    if self.device != device:
+        raise RuntimeError("out Tensor doesn't have the correct device set")
+    resize_output(self, torch.Size(size))
+    return self
 
 
 def _register_table():
@@ -250,7 +292,8 @@ def fallback(op, *args, **kwargs):
 # registers and lists as it does so.
 _PYTHON_KERNELS = {"copy_": copy_, "_copy_from": _copy_from,
                    "_copy_from_and_resize": _copy_from_and_resize,
-                   "_local_scalar_dense": _local_scalar_dense}
+                   "_local_scalar_dense": _local_scalar_dense,
+                   "_resize_output_": _resize_output_}
 _HAND_WRITTEN = frozenset(_PYTHON_KERNELS) | frozenset(_C.NATIVE_KERNELS)
 
 

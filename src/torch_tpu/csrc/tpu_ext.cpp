@@ -287,12 +287,16 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
   auto* impl = self.unsafeGetTensorImpl();
-  impl->set_sizes_contiguous(size);
-  const auto itemsize = self.dtype().itemsize();
-  const auto needed = static_cast<size_t>(
-      (self.storage_offset() + c10::multiply_integers(size)) * itemsize);
-  if (self.storage().nbytes() < needed) {
-    resize_bytes(self.storage(), needed);
+  // as CPU's resize_: the same sizes keep the strides (a non-contiguous out= tensor of the
+  // right shape stays as it is), other sizes make the tensor contiguous
+  if (self.sizes() != size) {
+    impl->set_sizes_contiguous(size);
+    const auto itemsize = self.dtype().itemsize();
+    const auto needed = static_cast<size_t>(
+        (self.storage_offset() + c10::multiply_integers(size)) * itemsize);
+    if (self.storage().nbytes() < needed) {
+      resize_bytes(self.storage(), needed);
+    }
   }
   if (memory_format.has_value() && *memory_format != c10::MemoryFormat::Preserve) {
     impl->empty_tensor_restride(*memory_format);

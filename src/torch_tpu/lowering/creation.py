@@ -59,6 +59,8 @@ def _arange(*scalars, dtype=None, layout=None, device=None, pin_memory=None):
     # take their length from those, other integer types from the original quotient
     istart, iend, istep = int(start), int(end), int(step)
     if dtype == torch.int64:
+        if istep == 0:  # a fractional step truncated to 0, as CPU refuses it
+            raise ValueError("step must be nonzero")
         sign = (istep > 0) - (istep < 0)
         length = int((iend - istart + istep - sign) / istep)
     else:

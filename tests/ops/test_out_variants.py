@@ -1,0 +1,144 @@
+"""out= as PyTorch defines it, on tpu, in Strict, Debug and DeferAndFuse: the out tensor's
+device is checked, a non-empty out of another shape is resized with torch's warning, a
+right-sized non-contiguous out keeps its strides, and a factory's out= computes in the
+out's dtype. Each case is user code run on CPU and on tpu, compared.
+"""
+import warnings
+
+import pytest
+import torch
+
+import torch_tpu
+
+MODES = ["strict", "debug", "defer_and_fuse"]
+RESIZED = "An output with one or more elements was resized"
+
+
+def _run(fn, dev):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(dev)
+    return out, [str(w.message) for w in caught]
+
+
+# tpu inputs, a CPU out tensor: refused, naming both devices, with the out left as it was
+ON_CPU = {
+    "add": lambda a, b, o: torch.add(a, b, out=o),
+    "exp": lambda a, b, o: torch.exp(a, out=o),
+    "mm": lambda a, b, o: torch.mm(a, b, out=o),
+    "cat": lambda a, b, o: torch.cat([a, b], out=o),
+    "where": lambda a, b, o: torch.where(a > 0, a, b, out=o),
+    "sort values": lambda a, b, o: torch.sort(a, out=(o, torch.empty(4, 4, dtype=torch.long,
+                                                                     device="tpu"))),
+    "std": lambda a, b, o: torch.std(a, dim=0, out=o),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", list(ON_CPU))
+def test_out_on_another_device_is_refused(mode, case):
+    with torch_tpu.eager_mode(mode):
+        a = torch.randn(4, 4, device="tpu")
+        b = torch.randn(4, 4, device="tpu")
+        out = torch.full((4, 4), 7.0)
+        with pytest.raises(RuntimeError, match="Expected out tensor to have device tpu:0, but "
+                                                "got cpu instead"):
+            ON_CPU[case](a, b, out)
+        assert (out == 7.0).all()
+        torch.tpu.synchronize()  # nothing was left pending by the refusal
+
+
+# a non-empty out of another shape: resized, with torch's warning; an empty one: silently
+RESIZE = {
+    "add": lambda d, o: torch.add(torch.ones(4, 4, device=d), 2, out=o),
+    "cumsum": lambda d, o: torch.cumsum(torch.arange(16.0, device=d).view(4, 4), 0, out=o),
+    "matmul": lambda d, o: torch.matmul(torch.ones(4, 3, device=d), torch.ones(3, 4, device=d),
+                                        out=o),
+    "sum": lambda d, o: torch.sum(torch.ones(4, 4, device=d), 1, out=o),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", list(RESIZE))
+@pytest.mark.parametrize("numel", [3, 0])
+def test_out_resize_warns_as_cpu(mode, case, numel):
+    def user(dev):
+        out = torch.zeros(numel, device=dev)
+        RESIZE[case](dev, out)
+        return out.cpu()
+
+    want, cpu_warned = _run(user, "cpu")
+    with torch_tpu.eager_mode(mode):
+        got, tpu_warned = _run(user, "tpu")
+    torch.testing.assert_close(got, want)
+    assert any(RESIZED in w for w in cpu_warned) == (numel > 0)
+    # CPU's C++ warning ends with where in torch it was raised
+    def resized(ws):
+        return [w.split(" (Triggered internally")[0] for w in ws if RESIZED in w]
+    assert resized(tpu_warned) == resized(cpu_warned)
+
+
+# a right-sized non-contiguous out keeps its strides, and the elements between its own
+# (not _softmax.out: torch 2.13's CPU kernel writes such an out as if it were contiguous)
+STRIDED = {
+    "add": lambda d, o: torch.add(torch.ones(4, 4, device=d), 2, out=o),
+    "full": lambda d, o: torch.full((4, 4), 2.5, out=o, device=d),
+    "softmax with dtype": lambda d, o: torch.ops.aten.softmax.int_out(
+        torch.arange(16.0, device=d).view(4, 4), 1, torch.float32, out=o),
+    "log_softmax with dtype": lambda d, o: torch.ops.aten.log_softmax.int_out(
+        torch.arange(16.0, device=d).view(4, 4), 1, torch.float32, out=o),
+    "resize_ to its own shape": lambda d, o: o.resize_(4, 4).fill_(3.0),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", list(STRIDED))
+def test_non_contiguous_out_keeps_its_strides(mode, case):
+    def user(dev):
+        base = torch.full((4, 8), -1.0, device=dev)
+        out = base[:, ::2]
+        STRIDED[case](dev, out)
+        return out.stride(), base.cpu()
+
+    (want_stride, want), _ = _run(user, "cpu")
+    with torch_tpu.eager_mode(mode):
+        (got_stride, got), _ = _run(user, "tpu")
+    assert got_stride == want_stride == (8, 2)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_factory_out_computes_in_the_out_dtype(mode):
+    """arange's out= takes the out's dtype: an int64 out truncates a fractional step to 0,
+    which CPU refuses (before, tpu computed in float and cast: a silent wrong answer)."""
+    with torch_tpu.eager_mode(mode):
+        for dtype in (torch.float32, torch.float64, torch.int64):
+            for args in [(0, 64, 0.5), (0, 10, 3), (2.5, 9.0, 1.5)]:
+                want = got = None
+                try:
+                    want = torch.arange(*args, out=torch.empty(0, dtype=dtype))
+                except Exception as e:  # noqa: BLE001 - compared below
+                    want = e
+                try:
+                    got = torch.arange(*args, out=torch.empty(0, dtype=dtype, device="tpu")).cpu()
+                except Exception as e:  # noqa: BLE001
+                    got = e
+                if isinstance(want, Exception):
+                    assert type(got) is type(want) and str(got) == str(want), (dtype, args, got)
+                else:
+                    torch.testing.assert_close(got, want)
+            torch.testing.assert_close(
+                torch.linspace(0, 1, 5, out=torch.empty(5, dtype=dtype, device="tpu")).cpu(),
+                torch.linspace(0, 1, 5, out=torch.empty(5, dtype=dtype)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_float64_denormals_survive_data_movement(mode):
+    """A float64 denormal keeps its value through upload, download, copies, views and cat.
+    (Arithmetic on XLA:CPU flushes denormals, as TPUs do: docs/CONFORMANCE.md.)"""
+    x = torch.tensor([1e-310, -4e-320, 1.0], dtype=torch.float64)
+    with torch_tpu.eager_mode(mode):
+        t = x.to("tpu")
+        for moved in (t, t.clone(), t[:2].contiguous(), torch.cat([t, t])[:3],
+                      t.view(3, 1).t().reshape(3), torch.empty_like(t).copy_(t)):
+            assert moved.cpu().tolist()[:2] == x.tolist()[:2]
