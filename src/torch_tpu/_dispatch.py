@@ -10,6 +10,7 @@ torch's own at::native view kernels do them in under a microsecond.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import torch
@@ -46,9 +47,12 @@ def _out_kernel(op, functional):
     out_names = [a.name for a in op._schema.arguments if a.is_out]
     fplan = plan_for(functional)
     # a factory's out= variant (arange.out, linspace.out, ...) has no dtype argument: the
-    # out tensor's dtype is the one it computes in (arange's int64 step truncates first)
-    dtype_from_out = (any(a.name == "dtype" for a in functional._schema.arguments)
-                      and not any(a.name == "dtype" for a in op._schema.arguments))
+    # out tensor's dtype is the one it computes in (arange's int64 step truncates first),
+    # and it resizes its out without torch's warning (arange says its own)
+    factory = (any(a.name == "dtype" for a in functional._schema.arguments)
+               and not any(a.name == "dtype" for a in op._schema.arguments))
+    dtype_from_out = factory or op.overloadpacket.__name__ in _OUT_DTYPE_COMPUTES
+    mean = op.overloadpacket.__name__ == "mean"  # into an integer out it refuses, as CPU
 
     def kernel(*args, **kwargs):
         outs = [kwargs.pop(n) for n in out_names]
@@ -60,22 +64,43 @@ def _out_kernel(op, functional):
             if dst.device.type != "tpu":
                 raise RuntimeError(f"Expected out tensor to have device "
                                    f"{_out_device(args, kwargs)}, but got {dst.device} instead")
-        if dtype_from_out:
-            kwargs["dtype"] = dsts[0].dtype
-        result = current.executor().execute(fplan, normalize(fplan, args, kwargs))
+        fkwargs = kwargs
+        if dtype_from_out and kwargs.get("dtype") is None and (
+                dsts[0].dtype.is_floating_point or dsts[0].dtype.is_complex or not mean):
+            fkwargs = {**kwargs, "dtype": dsts[0].dtype}
+        result = current.executor().execute(fplan, normalize(fplan, args, fkwargs))
         srcs = result if isinstance(result, (tuple, list)) else (result,)
-        if dtype_from_out:
-            del kwargs["dtype"]
         # torch's out= rules, which computing with the functional op skips
         refusals.check_out(op, functional, srcs, dsts, args, dict(zip(out_names, outs), **kwargs))
         for dst, src in zip(dsts, srcs):
-            resize_output(dst, src.shape)
+            if factory:
+                _factory_resize(op, dst, src.shape)
+            else:
+                resize_output(dst, src.shape)
             dst.copy_(src)
         if not op._schema.returns:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return kernel
+
+
+# reductions and scans whose out= with dtype=None computes in the out's dtype, as CPU does
+# (it casts the input first: the int64 sum of 0.6 and 1.7 is 1, not 2)
+_OUT_DTYPE_COMPUTES = frozenset({"sum", "mean", "prod", "nansum", "cumsum", "cumprod"})
+
+
+def _factory_resize(op, out, shape) -> None:
+    """A factory's out= resize: silent, but for arange's own warning (RangeFactories.cpp)."""
+    n = math.prod(shape)
+    if op.overloadpacket.__name__ == "arange" and out.numel() and out.numel() != n:
+        warnings.warn(
+            f"The number of elements in the out tensor of shape {list(out.shape)} is "
+            f"{out.numel()} which does not match the computed number of elements {n}. Note "
+            f"that this may occur as a result of rounding error. The out tensor will be "
+            f"resized to a tensor of shape ({n},).", stacklevel=3)
+    if out.shape != shape:
+        out.resize_(shape)
 
 
 def _out_device(args, kwargs):

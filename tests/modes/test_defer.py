@@ -558,3 +558,36 @@ def test_threads_train_as_on_cpu(setting, threads_on_cpu):
         assert g["losses"] == pytest.approx(r["losses"], rel=1e-4, abs=1e-5)
         for a, b in zip(g["weights"], r["weights"]):
             assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+
+
+def test_a_flush_during_an_ops_scan_leaves_no_stale_inputs():
+    """An op's scan may record a constant for a fresh storage, and that constant may reach
+    the compile-cost guard's checkpoint and flush the graph; the values scanned before it
+    then belong to the graph that ran. (Seen building PyTorch's OpInfo samples after
+    scaled_dot_product_attention's: `IndexError` in the next flush, and every later one.)
+    The samples of a few ops, made and run in DeferAndFuse, match the same on CPU."""
+    from torch_tpu_tools.validation import ops
+
+    db = {ops.op_name(o): o for o in ops.op_db()}
+    names = ["nn.functional.scaled_dot_product_attention", "add", "nn.functional.layer_norm",
+             "softmax"]
+
+    def call(name, s, move):
+        args = [move(a) if isinstance(a, torch.Tensor) else a for a in s.args]
+        kwargs = {k: move(v) if isinstance(v, torch.Tensor) else v for k, v in s.kwargs.items()}
+        return db[name](move(s.input), *args, **kwargs)
+
+    before = metrics.counters["flush.compile_guard"]
+    with torch_tpu.eager_mode("defer_and_fuse"):
+        torch.manual_seed(0)
+        first = next(iter(db[names[0]].sample_inputs("tpu", torch.float32)))
+        samples, got = [(names[0], first)], [call(names[0], first, lambda t: t)]
+        for n in names:  # each sample's op runs as it is made, as torch's op tests do
+            for s in db[n].sample_inputs("tpu", torch.float32):
+                samples.append((n, s))
+                got.append(call(n, s, lambda t: t))
+        got = torch.stack([r.detach().float().sum() for r in got]).cpu()
+    kept = [s.kwargs.get("dropout_p", 0) == 0 for _, s in samples]  # (random by design)
+    assert metrics.counters["flush.compile_guard"] > before  # the case this test is about
+    want = torch.stack([call(n, s, lambda t: t.cpu()).float().sum() for n, s in samples])
+    torch.testing.assert_close(got[kept], want[kept], rtol=1e-4, atol=1e-4)

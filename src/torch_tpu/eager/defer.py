@@ -121,7 +121,14 @@ class DeferExecutor:
         # The ops' kernels (csrc/kernel.cpp) do this in C when the entry is cached and
         # scan_fast covers the call, and come here for everything else.
         with self.lock:
-            key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
+            while True:
+                nodes = self.nodes
+                key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
+                if self.nodes is nodes:
+                    break
+                # the scan's constant for a fresh storage reached the guard's checkpoint
+                # and flushed: the values it scanned before are of the graph that ran
+                # (as the C path, which comes here then); scan again
             entry = op_entry(plan, key, vals, False)
             _COUNTERS["dispatches.defer_and_fuse"] += 1
             if entry.fn is None:

@@ -255,7 +255,7 @@ def torch_error(plan, exc, vals=None):
         # the stand-ins, so only a small call is asked (torch's refusals stop CPU's kernel
         # at its checks, before any work)
         limit = _ASK_BYTES if isinstance(exc, (ValueError, TypeError)) else None
-        cpu = cpu_verdict(plan.op, *_call(plan, vals), limit=limit)
+        cpu = cpu_verdict(plan.op, *_call(plan, vals), limit=limit, scalars=True)
         if cpu is not None:
             return cpu
         metrics.count("refusals.not_cpus")  # CPU accepts the call, or has no kernel for it
@@ -305,7 +305,7 @@ def check_out(op, functional, results, outs, args, kwargs) -> None:
     except NotImplementedError:  # no meta kernel: no verdict
         metrics.count("out_meta_unchecked")
     except RuntimeError as e:
-        cpu = cpu_verdict(op, args, kwargs)
+        cpu = cpu_verdict(op, args, kwargs, scalars=True)
         if cpu is None:
             raise
         raise cpu from e
@@ -346,12 +346,18 @@ _ALIAS_OK: set = set()  # aliasing signatures CPU accepted
 _OUT_NAMES: dict = {}
 
 
-def cpu_verdict(op, args, kwargs, limit=None):
+def cpu_verdict(op, args, kwargs, limit=None, scalars=False):
     """What CPU raises for `op(*args, **kwargs)` run on stand-ins (host tensors of the
     same shapes, strides, offsets and dtypes, views of one host storage where the tpu
     tensors share one, zeros; a fresh generator): the exception, or None where CPU accepts
-    the call, has no kernel for it, or (`limit`) its stand-ins would take more bytes."""
+    the call, has no kernel for it, or (`limit`) its stand-ins would take more bytes.
+    `scalars`: 0-dim tensors carry their values (a refusal that depends on a value, such
+    as masked_fill's of a complex value into integers; it reads the device, so only on the
+    way to raising)."""
     storages: dict = {}  # id of a tpu storage -> (that storage, its host stand-in)
+    # id of a tpu tensor -> (it, its stand-in): a tensor passed twice is one tensor on CPU
+    # too (cat((x, y), out=x) resizes the input x with the out)
+    tensors: dict = {}
     used = [0]
 
     def stand_in(t):
@@ -359,6 +365,8 @@ def cpu_verdict(op, args, kwargs, limit=None):
             return t.clone()  # a 0-dim CPU tensor: the op must not write the user's
         if t.device.type != "tpu":
             raise _NoStandIn
+        if id(t) in tensors:
+            return tensors[id(t)][1]
         st = t.untyped_storage()
         pair = storages.get(id(st))
         if pair is None:
@@ -368,7 +376,11 @@ def cpu_verdict(op, args, kwargs, limit=None):
                 raise _NoStandIn
             host = (torch.zeros if n <= _ZEROED_BYTES else torch.empty)(n, dtype=torch.uint8)
             pair = storages[id(st)] = (st, host.untyped_storage())
-        return torch.empty(0, dtype=t.dtype).set_(pair[1], t.storage_offset(), t.shape, t.stride())
+        host = torch.empty(0, dtype=t.dtype).set_(pair[1], t.storage_offset(), t.shape, t.stride())
+        if scalars and t.dim() == 0:
+            host.copy_(t.detach().cpu())
+        tensors[id(t)] = (t, host)
+        return host
 
     try:
         cargs = [_tree.convert(v, stand_in, _CPU) for v in args]
@@ -463,7 +475,8 @@ def _alias_signature(v, groups):
     if isinstance(v, torch.Tensor):
         st = v.untyped_storage()
         return (tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, st.nbytes(),
-                groups.setdefault(id(st), len(groups)))
+                groups.setdefault(id(st), len(groups)),
+                groups.setdefault(("tensor", id(v)), len(groups)))  # the same one twice
     if isinstance(v, dict):
         return tuple((k, _alias_signature(x, groups)) for k, x in sorted(v.items()))
     if isinstance(v, (list, tuple)):

@@ -12,6 +12,7 @@ import sys
 
 from ..bench import common
 from . import _env
+from .conformance import MODES as CONFORMANCE_MODES
 
 MODES = ("strict", "debug", "defer_and_fuse")
 _WRITES = "the results (validation/*.json), VALIDATION.md and the coverage plot"
@@ -21,7 +22,7 @@ HELP = "sweeps on tpu vs CPU: validate ops|models|report (OUT/VALIDATION.md)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="what", metavar="ops|models|report", required=True)
+    sub = p.add_subparsers(dest="what", metavar="ops|models|conformance|report", required=True)
     o = sub.add_parser("ops", help="the OpInfo sweep: every op of op_db, tpu vs CPU")
     o.add_argument("--mode", choices=MODES, default="strict")
     o.add_argument("--dtype", default="float32,bfloat16,int64,bool",
@@ -37,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--cpu-only", action="store_true",
                    help="only check that the harness runs each type on CPU (shrinker work)")
     _common(m, timeout=600)
+    c = sub.add_parser("conformance", help="PyTorch's device-generic op checks (out=, errors, "
+                                            "variants, ...) over op_db: docs/CONFORMANCE.md")
+    c.add_argument("--mode", choices=CONFORMANCE_MODES, default="strict")
+    c.add_argument("--families", default="", help="comma-separated families (default: all)")
+    c.add_argument("--ops", default="", help="comma-separated op_db names (default: all)")
+    _common(c, timeout=300)
     r = sub.add_parser("report", help="rewrite OUT/VALIDATION.md, the plot and the expected "
                                       "failures from the stored results")
     r.add_argument("--mode", choices=MODES, default="strict")
@@ -72,7 +79,8 @@ def main(args) -> int:
     _env.quiet()
     import torch_tpu  # noqa: F401  (registers the device)
 
-    return {"ops": _ops, "models": _models, "report": _report}[args.what](args)
+    return {"ops": _ops, "models": _models, "conformance": _conformance,
+            "report": _report}[args.what](args)
 
 
 def _ops(args) -> int:
@@ -112,6 +120,40 @@ def _ops(args) -> int:
     print(_ops_brief(done, dtypes))
     if not args.no_write:
         _write_docs(args.out, args.mode)
+    return 0
+
+
+def _conformance(args) -> int:
+    from . import conformance, ops, report, worker
+
+    families = [f for f in args.families.split(",") if f] or list(conformance.FAMILIES)
+    bad = [f for f in families if f not in conformance.FAMILIES]
+    if bad:
+        raise SystemExit(f"unknown famil(ies) {bad}; choose from {list(conformance.FAMILIES)}")
+    selected = _shard(ops.select([n for n in args.ops.split(",") if n]), args.shard)
+    units = [(ops.op_name(o), f) for o in selected for f in families]
+    run = report.new_run()
+    failed = []
+
+    def on_result(unit, r):
+        if r["status"] == "fail":
+            failed.append(f"  FAIL {unit[0]} {unit[1]}: {r.get('detail', '')[:160]}")
+        if not args.no_write:
+            report.merge(args.out, "conformance", args.mode, {unit[0]: {unit[1]: r}}, run)
+
+    with _progress(len(units), f"validate conformance ({args.mode})") as bar:
+        if args.in_process:
+            by_name = {ops.op_name(o): o for o in selected}
+            for u in units:
+                bar.set_postfix_str(f"{u[0]} {u[1]}", refresh=False)
+                on_result(u, conformance.check(u[1], by_name[u[0]], args.mode))
+                bar.update(1)
+        else:
+            worker.run_isolated("conformance", units, {"mode": args.mode}, on_result, bar,
+                                hard_timeout=args.timeout)
+    print(f"this run: {len(units)} checks, {len(failed)} failed", *failed, sep="\n")
+    if not args.no_write:
+        report.write_conformance(args.out, CONFORMANCE_MODES)
     return 0
 
 

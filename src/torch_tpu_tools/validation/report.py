@@ -67,7 +67,7 @@ def merge(out: pathlib.Path, kind: str, mode: str, updates: dict, run: dict) -> 
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = load(out, kind, mode)
         for name, r in updates.items():
-            if kind == "ops":
+            if kind != "models":  # ops: per op and dtype; conformance: per op and family
                 data["results"].setdefault(name, {}).update(r)
             else:
                 data["results"][name] = r
@@ -152,7 +152,8 @@ def _reason(name: str, r: dict) -> str:
     return f"{detail} -- {cause}" if cause else detail
 
 
-_SHAPES = {"ops": "op -> dtype -> reason", "models": "model type -> reason"}
+_SHAPES = {"ops": "op -> dtype -> reason", "models": "model type -> reason",
+           "conformance": "op -> 'family mode' -> reason"}
 # a model type that fails on CPU under the harness says nothing about tpu: not a failure
 _NOT_FAILED = ("pass", "cpu_fail")
 
@@ -363,3 +364,71 @@ def _tasks():
     from .models import TASKS
 
     return TASKS
+
+
+# ---------------------------------------------------------------- conformance
+CONFORMANCE_HEADER = """# Conformance: PyTorch's device-generic op checks on tpu
+
+What PyTorch's own device-generic tests ask of a device (test/test_ops.py: results against
+CPU, `out=`, its warnings, error inputs, non-contiguous samples, variants, dtypes), asked of
+tpu over the whole OpInfo database in Strict, DeferAndFuse and compiled
+(`torch.compile(backend="tpu")`). The checks are torch_tpu_tools/validation/conformance.py;
+tests/ops/test_conformance.py runs a sample of ops through torch's `instantiate_device_type_tests`
+in the default test run. Expected failures, each with its reason, are generated into
+torch_tpu_tools/validation/expected/conformance.json from the sweep.
+
+Run it (`--mode strict|defer_and_fuse|compiled`, `--families`, `--ops`, `--shard I/N`; each
+run merges into docs/validation/conformance-MODE.json and rewrites this page):
+
+    python -m torch_tpu validate conformance --mode strict
+
+Cells: passed / checked (the percentage), where "checked" leaves out ops the family has
+nothing to ask of (no out= variant, no error inputs, a random op's variants) and ops whose
+samples do not run on CPU.
+"""
+
+
+def conformance_table(by_mode: dict) -> tuple[str, list]:
+    """The family x mode table of stored results (mode -> results), and the failures."""
+    from .conformance import FAMILIES
+
+    modes = [m for m in by_mode if by_mode[m]["results"]]
+    lines = ["| family | " + " | ".join(modes) + " |", "| --- |" + " ---: |" * len(modes)]
+    failures = []
+    for fam in FAMILIES:
+        cells = []
+        for m in modes:
+            c = collections.Counter(r[fam]["status"] for r in by_mode[m]["results"].values()
+                                    if fam in r)
+            checked = c["pass"] + c["fail"]
+            cells.append(f"{c['pass']} / {checked} ({100 * c['pass'] / checked:.1f}%)"
+                         if checked else "not run")
+        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    for m in modes:
+        for name, by in sorted(by_mode[m]["results"].items()):
+            for fam, r in sorted(by.items()):
+                if r["status"] == "fail":
+                    failures.append((name, fam, m, r.get("detail", "")))
+    return "\n".join(lines), failures
+
+
+def write_conformance(out: pathlib.Path, modes, folder: pathlib.Path = EXPECTED) -> None:
+    """OUT/CONFORMANCE.md from the stored results of every mode, and the expected failures
+    (expected/conformance.json) from the same."""
+    by_mode = {m: load(out, "conformance", m) for m in modes}
+    table, failures = conformance_table(by_mode)
+    runs = [r for m in modes for r in by_mode[m]["meta"]["runs"]]
+    cmds = "\n".join(f"- `{r['command']}` ({r['started']})" for r in runs[-40:])
+    body = [CONFORMANCE_HEADER, "## Results\n", f"Produced by these runs:\n\n{cmds}\n", table,
+            "\n## Failures\n", "| op | family | mode | why |", "| --- | --- | --- | --- |"]
+    body += [f"| {n} | {f} | {m} | {d.replace('|', '/').replace(chr(10), ' ')[:200]} |"
+             for n, f, m, d in failures]
+    (out / "CONFORMANCE.md").write_text("\n".join(body) + "\n")
+    expected: dict = {}
+    for n, f, m, d in failures:
+        expected.setdefault(n, {})[f"{f} {m}"] = d
+    head = {"_generated": "by `python -m torch_tpu validate conformance` from the sweep's "
+                          f"results; do not edit by hand, rerun the sweep: {_SHAPES['conformance']}"}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "conformance.json").write_text(
+        json.dumps({**head, **expected}, indent=1, sort_keys=True) + "\n")

@@ -2,7 +2,8 @@
 segfault in a kernel, the kernel's OOM killer, an XLA compile that never returns) costs only
 itself: the parent records it as a crash and starts a new child on the units after it.
 
-A unit is (name, dtype) for the OpInfo sweep and (model type, None) for the model sweep. The
+A unit is (name, dtype) for the OpInfo sweep, (name, family) for the conformance sweep and
+(model type, None) for the model sweep. The
 child appends one JSON line per event to a file the parent tails: {"start": unit} before a
 unit and {"unit": unit, "result": {...}} after it.
 """
@@ -113,6 +114,13 @@ def _child(spec_path: str, log_path: str) -> int:
         def run(unit):
             return ops.check_pair(by_name[unit[0]], unit[1], opts["mode"], opts["grad"],
                                   opts["timeout"], opts.get("max_samples"))
+    elif kind == "conformance":
+        from . import conformance, ops
+
+        by_name = {ops.op_name(o): o for o in ops.op_db()}
+
+        def run(unit):
+            return conformance.check(unit[1], by_name[unit[0]], opts["mode"])
     else:
         from . import models
 
