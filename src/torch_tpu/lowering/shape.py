@@ -199,6 +199,23 @@ def _view_copy(self, size):
     return jnp.reshape(self, size)
 
 
+# complex views (eager: C++ view kernels over one storage; a compiled graph's functional
+# twins, e.g. a complex rotary embedding: view_as_complex, multiply, view_as_real)
+@lowering(aten.view_as_complex_copy.default)
+def _view_as_complex_copy(self):
+    return lax.complex(self[..., 0], self[..., 1])
+
+
+@lowering(aten.view_as_real_copy.default)
+def _view_as_real_copy(self):
+    return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
+
+
+@lowering(aten._conj_copy.default)
+def _conj_copy(self):
+    return jnp.conj(self)
+
+
 @lowering(aten.slice_copy.Tensor)
 def _slice_copy(self, dim=0, start=None, end=None, step=1):
     return self[_slice(self.ndim, dim, start, end, step)]
