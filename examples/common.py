@@ -20,8 +20,11 @@ from torch_tpu_tools.workloads import decoder
 VOCAB, SEQ = 128, 16
 
 
-def parse_args(description: str, default_batch: int = 8) -> argparse.Namespace:
+def parse_args(description: str, default_batch: int = 8, extra=None) -> argparse.Namespace:
+    """The examples' common flags; `extra(parser)` adds an example's own."""
     p = argparse.ArgumentParser(description=description)
+    if extra is not None:
+        extra(p)
     p.add_argument("--model", choices=["llama", "qwen"], default="llama")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=default_batch, help="global batch size")

@@ -38,6 +38,9 @@ def _check_names(world: int) -> list:
             "subgroup_all_reduce", "subgroup_all_gather", "functional")]
         names += [f"reduce_scatter_tensor[{op}-{dt}]" for op in ("SUM", "AVG", "MIN")]
         names += [f"reduce[{op}-{dt}]" for op in ("SUM", "MAX")]
+        if dt != "int64":
+            names += [f"{c}[PREMUL_SUM-{f}-{dt}]" for c in ("all_reduce", "reduce_scatter_tensor",
+                                                            "reduce") for f in ("number", "tensor")]
     if world == 2 or "int64" in DTYPES_4:
         names += [f"all_reduce[{op}-int64]" for op in ("BAND", "BOR", "BXOR")]
     names += ["all_reduce[view]", "all_reduce[bool-MAX]", "cpu_tensor", "objects", "barrier",

@@ -41,6 +41,15 @@ def test_matches_single_process(strategy, model, nproc):
         assert "-> MATCH" in job.outputs[rank], job.log(rank)
 
 
+def test_fsdp2_summed_gradients_as_torchtitan():
+    """torchtitan's FSDP2 setting, set_gradient_divide_factor(1.0): FSDP2 reduce-scatters
+    the gradients with ReduceOp.PREMUL_SUM, which tpu_dist takes as NCCL does."""
+    job = run_example("fsdp2", "llama", 2, "--check", "--steps", "3", "--sum-gradients")
+    assert all(c == 0 for c in job.codes), job.log()
+    for rank in range(2):
+        assert "-> MATCH" in job.outputs[rank], job.log(rank)
+
+
 @pytest.mark.parametrize("model", ["qwen", "llama"] if FULL else ["qwen"])
 def test_torchrun_ddp(model):
     """The DDP example under torchrun itself (its agent, its store, its environment)."""

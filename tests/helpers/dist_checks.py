@@ -120,6 +120,35 @@ def run_checks(rank: int, world: int) -> dict:
                     _eq(torch, t, _reduce(torch, xs, op))
             check(f"reduce[{op}-{dname}]", reduce)
 
+        if dt.is_floating_point:
+            # PREMUL_SUM (NCCL's; FSDP2 reduce-scatters with it after
+            # set_gradient_divide_factor): the SUM of the inputs times a factor, a number or
+            # a tensor; inputs that are not outputs stay as they are
+            for fname, factor in (("number", 0.5), ("tensor", torch.tensor(0.5, device=tpu))):
+                premul = dist._make_nccl_premul_sum(factor)
+
+                def premul_all_reduce(premul=premul):
+                    t = mine.to(tpu)
+                    dist.all_reduce(t, op=premul)
+                    _eq(torch, t, (_reduce(torch, xs, "SUM").double() * 0.5).to(dt))
+                check(f"all_reduce[PREMUL_SUM-{fname}-{dname}]", premul_all_reduce)
+
+                def premul_rs_tensor(premul=premul):
+                    inp = big[rank].to(tpu)
+                    out = torch.empty((3, 4), dtype=dt, device=tpu)
+                    dist.reduce_scatter_tensor(out, inp, op=premul)
+                    want = _reduce(torch, [b.chunk(world)[rank] for b in big], "SUM")
+                    _eq(torch, out, (want.double() * 0.5).to(dt))
+                    _eq(torch, inp, big[rank], "the input")
+                check(f"reduce_scatter_tensor[PREMUL_SUM-{fname}-{dname}]", premul_rs_tensor)
+
+                def premul_reduce(premul=premul):
+                    t = mine.to(tpu)
+                    dist.reduce(t, dst=1, op=premul)
+                    want = (_reduce(torch, xs, "SUM").double() * 0.5).to(dt) if rank == 1 else mine
+                    _eq(torch, t, want)
+                check(f"reduce[PREMUL_SUM-{fname}-{dname}]", premul_reduce)
+
         def all_to_all():
             ins = [big[rank].chunk(world)[j].to(tpu) for j in range(world)]
             outs = [torch.empty((3, 4), dtype=dt, device=tpu) for _ in range(world)]

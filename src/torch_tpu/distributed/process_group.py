@@ -25,13 +25,21 @@ from . import _bootstrap, _io, _watchdog, collectives as C
 _DONATE_MIN_BYTES = 1 << 20
 
 
-def _red(opts) -> int:
+def _red(opts) -> tuple[int, object]:
+    """(the reduce op's code, PREMUL_SUM's factor or None). PREMUL_SUM (FSDP2 reduce-
+    scatters with it after `set_gradient_divide_factor`) is SUM of the inputs each
+    multiplied by the factor first, a number or a tensor, as NCCL defines it."""
     op = getattr(opts, "reduceOp", opts)
     code = int(getattr(op, "op", op))
     if code == C.PREMUL_SUM:
-        raise ValueError("tpu_dist does not support ReduceOp.PREMUL_SUM (NCCL-only); scale "
-                         "the tensor and use SUM")
-    return code
+        return C.SUM, op.factor
+    return code, None
+
+
+def _scaled(tensors, factor):
+    """The inputs of a PREMUL_SUM, multiplied by its factor (new tensors: the caller's
+    inputs stay as they are)."""
+    return tensors if factor is None else [t * factor for t in tensors]
 
 
 def _work(result=None):
@@ -142,7 +150,10 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # ------------------------------------------------------------ reductions
     def allreduce(self, tensors, opts=None):
-        op = _red(opts) if opts is not None else C.SUM
+        op, factor = _red(opts) if opts is not None else (C.SUM, None)
+        if factor is not None:  # (all_reduce writes its inputs: scale them where they are)
+            for t in tensors:
+                t.mul_(factor)
         self._inplace("all_reduce", tensors, op)
         return _work(tensors)
 
@@ -150,7 +161,15 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts):
-        self._inplace("reduce", tensors, _red(opts), opts.rootRank)
+        op, factor = _red(opts)
+        if factor is None:
+            self._inplace("reduce", tensors, op, opts.rootRank)
+            return _work(tensors)
+        scaled = _scaled(tensors, factor)  # the other ranks' tensors stay as they are
+        self._inplace("reduce", scaled, op, opts.rootRank)
+        if self.rank() == opts.rootRank:
+            for t, r in zip(tensors, scaled):
+                t.copy_(r)
         return _work(tensors)
 
     def broadcast(self, tensors, opts):
@@ -253,11 +272,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _work(output_tensors)
 
     def reduce_scatter(self, output_tensors, input_lists, opts):
-        op = _red(opts)
+        op, factor = _red(opts)
         for out, inputs in zip(output_tensors, input_lists):
             self._check_list(inputs, out, "reduce_scatter")
             if out.numel():
-                blocks, ins, _ = self._inputs(inputs, allow_donate=False)
+                blocks, ins, _ = self._inputs(_scaled(inputs, factor), allow_donate=False)
                 (flat,) = self._issue(self.mesh(), "reduce_scatter", blocks, ins,
                                       ((out.numel(), ins[0][1]),), op)
                 _io.flat_out(out, flat)
@@ -270,9 +289,10 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 f"({self.size()}) x {output.numel()} elements of {output.dtype}, got "
                 f"{tuple(inp.shape)} {inp.dtype}")
         if output.numel():
-            blocks, ins, _ = self._inputs([inp], allow_donate=False)
+            op, factor = _red(opts)
+            blocks, ins, _ = self._inputs(_scaled([inp], factor), allow_donate=False)
             (flat,) = self._issue(self.mesh(), "reduce_scatter", blocks, ins,
-                                  ((output.numel(), ins[0][1]),), _red(opts))
+                                  ((output.numel(), ins[0][1]),), op)
             _io.flat_out(output, flat)
         return _work([output])
 
