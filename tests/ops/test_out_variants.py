@@ -142,3 +142,38 @@ def test_float64_denormals_survive_data_movement(mode):
         for moved in (t, t.clone(), t[:2].contiguous(), torch.cat([t, t])[:3],
                       t.view(3, 1).t().reshape(3), torch.empty_like(t).copy_(t)):
             assert moved.cpu().tolist()[:2] == x.tolist()[:2]
+
+
+# an out of another dtype: refused where CPU's kernel wants the exact dtype (no meta
+# kernel says so), accepted and cast where CPU accepts; conj_physical's out= runs at all
+OUT_DTYPE = {
+    "bitwise_not into float": lambda d: torch.bitwise_not(
+        torch.ones(3, dtype=torch.long, device=d), out=torch.empty(3, device=d)),
+    "isin into float": lambda d: torch.isin(torch.ones(3, device=d), torch.ones(2, device=d),
+                                            out=torch.empty(3, device=d)),
+    "geqrf into long": lambda d: torch.geqrf(torch.eye(3, device=d), out=(
+        torch.empty(3, 3, dtype=torch.long, device=d), torch.empty(3, dtype=torch.long, device=d))),
+    "sum into double": lambda d: torch.sum(torch.ones(3, device=d), 0,
+                                           out=torch.empty((), dtype=torch.float64, device=d)),
+    "conj_physical": lambda d: torch.conj_physical(
+        torch.tensor([1 + 2j, 3 - 1j], device=d), out=torch.empty(2, dtype=torch.complex64, device=d)),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", list(OUT_DTYPE))
+def test_out_dtype_as_cpu(mode, case):
+    def user(dev):
+        try:
+            r = OUT_DTYPE[case](dev)
+        except RuntimeError as e:
+            return e
+        return [t.cpu() for t in (r if isinstance(r, tuple) else (r,))]
+
+    want, _ = _run(user, "cpu")
+    with torch_tpu.eager_mode(mode):
+        got, _ = _run(user, "tpu")
+    if isinstance(want, Exception):
+        assert isinstance(got, RuntimeError) and str(got) == str(want), got
+    else:
+        torch.testing.assert_close(got, want)

@@ -57,7 +57,7 @@ _REASONS = {
         aten._fused_rms_norm.default, aten._fused_rms_norm_backward.default,
         aten.hann_window.default, aten.hann_window.out, aten.hann_window.periodic,
         aten.hann_window.periodic_out, aten.affine_grid_generator.default,
-        aten.affine_grid_generator.out],
+        aten.affine_grid_generator.out, aten.conj_physical.out],
     "the CPU's flash-attention entry that dynamo may trace: attention as matmuls and "
     "softmax (tpu's own SDPA op is lowered directly)": [
         aten._scaled_dot_product_flash_attention_for_cpu.default],

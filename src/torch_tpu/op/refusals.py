@@ -311,6 +311,13 @@ def check_out(op, functional, results, outs, args, kwargs) -> None:
         raise cpu from e
     except Exception:  # noqa: BLE001 - a Python meta kernel that breaks: no verdict
         metrics.count("out_meta_unchecked")
+    if any(isinstance(src, torch.Tensor) and src.dtype != dst.dtype
+           for src, dst in zip(results, outs)):
+        # an out of another dtype that no meta kernel refused (bitwise_not's, isin's,
+        # geqrf's CPU kernels want the exact dtype): CPU decides, once per signature
+        cpu = cpu_verdict(op, args, kwargs, limit=_ASK_BYTES)
+        if cpu is not None:
+            raise cpu
     _OUT_OK.add(sig)
 
 

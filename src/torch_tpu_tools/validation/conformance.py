@@ -185,8 +185,9 @@ def _with_out(opinfo, sample, device, outs_of, mode):
     expected = opinfo.op(inp, *args, **kwargs)
     got = _tensors(expected)
     outs = [outs_of(t) for t in got]
+    given = [o.stride() for o in outs]
     out = outs[0] if not isinstance(expected, (tuple, list)) else tuple(outs)
-    return outs, runner(opinfo.op, mode, device)(inp, *args, **kwargs, out=out)
+    return outs, runner(opinfo.op, mode, device)(inp, *args, **kwargs, out=out), given
 
 
 def _out_sample(opinfo):
@@ -218,7 +219,7 @@ def _out(opinfo, mode):
             if type(cpu_err) is not type(tpu_err):
                 raise Failed(f"out {how}: CPU {_brief(cpu_err)}; tpu {_brief(tpu_err)}")
             continue
-        (couts, cres), (touts, tres) = cpu, tpu
+        (couts, _, _), (touts, tres, given) = cpu, tpu
         if how == "right":
             right = couts
         elif how == "noncontiguous" and right is not None:
@@ -227,10 +228,13 @@ def _out(opinfo, mode):
             returned = _tensors(tres)
             if len(returned) != len(touts) or any(r is not o for r, o in zip(returned, touts)):
                 raise Failed(f"out {how}: the op did not return its out tensor")
-        for c, t in zip(couts, touts):
-            if t.shape != c.shape or (t.numel() and t.stride() != c.stride()):
-                raise Failed(f"out {how}: shape/strides {tuple(t.shape)}/{t.stride()}, CPU "
-                             f"{tuple(c.shape)}/{c.stride()}")
+        for c, t, g in zip(couts, touts, given):
+            if t.shape != c.shape:
+                raise Failed(f"out {how}: shape {tuple(t.shape)}, CPU {tuple(c.shape)}")
+            # a right-sized out keeps its strides (a resized one may take any: torch's
+            # own linalg kernels make theirs column-major)
+            if how in ("right", "noncontiguous") and t.numel() and t.stride() != g:
+                raise Failed(f"out {how}: strides {t.stride()}, given {g}")
         _close(couts, touts, dtype, f"out {how}")
     # a CPU out for tpu inputs: refused
     with in_mode(mode):
@@ -305,7 +309,9 @@ def _errors(opinfo, mode):
         def fits(e):
             return isinstance(e, ei.error_type) and re.search(ei.error_regex, str(e)) is not None
 
-        cpu = _raised(runner(opinfo.op, mode, "cpu"), _to_host(si)) if mode == "compiled" else None
+        cpu = _raised(runner(opinfo.op, mode, "cpu"), _to_host(si))
+        if mode != "compiled" and not fits(cpu):
+            continue  # a case CPU itself accepts (or refuses otherwise): not tpu's to meet
         with in_mode(mode):
             err = _raised(runner(opinfo.op, mode), si)
             if err is None:
@@ -397,6 +403,9 @@ def _variants(opinfo, mode):
                 inp, args, kwargs = _on(s, device)
                 torch.manual_seed(0)  # a random op draws the same numbers in each variant
                 base = opinfo.op(inp, *args, **kwargs)
+                if "inplace" in name and isinstance(base, torch.Tensor) and \
+                        base.dtype != inp.dtype:
+                    raise NotApplicable  # (torch checks in-place variants only there)
                 inp, args, kwargs = _on(s, device)
                 torch.manual_seed(0)
                 return base, runner(variant, mode, device)(inp, *args, **kwargs)
@@ -428,7 +437,7 @@ def _dtypes(opinfo, mode):
             inp, args, kwargs = _on(samples[0], "tpu")
             got, err = _attempt(lambda: ops._to_cpu(runner(opinfo.op, mode)(inp, *args, **kwargs)))
         if err is not None:
-            if type(err).__name__ == "UnsupportedDtypeError":
+            if "does not support dtype" in str(err):
                 continue  # a clear refusal of a dtype the device does not have
             raise Failed(f"{dtype}: {type(err).__name__}: {str(err)[:160]}")
         want = ops._to_cpu(want)

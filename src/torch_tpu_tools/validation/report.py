@@ -385,6 +385,24 @@ run merges into docs/validation/conformance-MODE.json and rewrites this page):
 Cells: passed / checked (the percentage), where "checked" leaves out ops the family has
 nothing to ask of (no out= variant, no error inputs, a random op's variants) and ops whose
 samples do not run on CPU.
+
+How each family judges (CPU is the reference wherever the answer is CPU's behaviour):
+`compare` runs the first 16 `reference_inputs` of each op (forward and gradients, the
+OpInfo sweep's judge); `out` holds an out's values to CPU's out= values (to CPU's values
+into a right-sized out for a non-contiguous one: torch 2.13's CPU gelu.out and _softmax.out
+mishandle those) and requires a right-sized out to keep its strides; `errors` skips a case
+CPU itself does not refuse as the OpInfo says; compiled mode compares with CPU under dynamo
+(`aot_eager`) where dynamo's own refusals differ from eager's.
+
+## Platform limits (not counted as failures of the checks above)
+
+- **float64 denormals in arithmetic.** XLA:CPU's client runs every program with
+  flush-to-zero and denormals-are-zero set, as TPUs treat denormals in hardware; no XLA flag
+  turns it off. Denormals survive every data movement (upload, download, copies, views,
+  `cat`: tests/ops/test_out_variants.py); arithmetic on them gives 0, where CPU eager keeps
+  them (`1e-300 * 1e-10` is 0.0 on tpu).
+- **Sparse layouts** (`torch.sparse_csr`, ...) have no tpu kernels: ops on them refuse with
+  torch's "Could not run ... SparseCsrtpu" error.
 """
 
 
