@@ -49,6 +49,9 @@ REFUSED = {
     "exp_ into expanded": (lambda d: _expanded(d).exp_(), OVERLAP),
     "copy_ into expanded": (lambda d: _expanded(d).copy_(torch.ones(4, 3, device=d)), OVERLAP),
     "out= expanded": (lambda d: torch.add(_z(d, 4, 3), 1, out=_expanded(d)), OVERLAP),
+    "masked_scatter with a uint8 mask": (lambda d: torch.masked_scatter(
+        _z(d, 3), torch.ones(3, dtype=torch.uint8, device=d), _z(d, 3)),
+        "only supports boolean masks"),
     "foreach into expanded": (lambda d: torch._foreach_add_([_expanded(d)], 1.0), OVERLAP),
     # a written tensor that shares elements with one the op reads (CPU decides which ops
     # refuse: TensorIterator a partial overlap, index_add_ and cross even a full one)

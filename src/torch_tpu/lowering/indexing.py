@@ -356,6 +356,8 @@ def _put(self, index, source, accumulate=False):
 
 @lowering(aten.masked_scatter.default)
 def _masked_scatter(self, mask, source):
+    if mask.dtype != jnp.bool_:  # (a uint8 mask: torch refuses it; its words come from CPU)
+        raise TypeError(f"masked_scatter_ only supports boolean masks, got {mask.dtype}")
     shape = jnp.broadcast_shapes(self.shape, mask.shape)  # the result broadcasts both
     self = jnp.broadcast_to(self, shape)
     mask = jnp.broadcast_to(mask.astype(jnp.bool_), shape)
