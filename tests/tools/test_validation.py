@@ -162,6 +162,33 @@ def test_expected_failures_are_generated_from_sweep_results(tmp_path):
     assert report.load_expected("ops", tmp_path) == {"abs": {"int64": "error: boom"}}
 
 
+def test_conformance_table_and_expected_failures_from_results(tmp_path):
+    """docs/CONFORMANCE.md's rule: per family and mode, passed / checked (not-applicable
+    and CPU-failing checks left out); every failure becomes an expected failure with its
+    reason, keyed 'family mode'."""
+    run = {"command": "x", "started": "now"}
+    report.merge(tmp_path, "conformance", "strict",
+                 {"add": {"out": {"status": "pass"}, "errors": {"status": "na"}},
+                  "cat": {"out": {"status": "fail", "detail": "strides"}}}, run)
+    report.merge(tmp_path, "conformance", "strict", {"cat": {"errors": {"status": "pass"}}}, run)
+    report.write_conformance(tmp_path, ("strict", "compiled"), tmp_path / "expected")
+    page = (tmp_path / "CONFORMANCE.md").read_text()
+    assert "| out | 1 / 2 (50.0%) |" in page and "| errors | 1 / 1 (100.0%) |" in page
+    assert "| cat | out | strict | strides |" in page
+    assert report.load_expected("conformance", tmp_path / "expected") == {
+        "cat": {"out strict": "strides"}}
+
+
+@pytest.mark.slow
+def test_cli_validate_conformance_runs_in_a_child():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "torch_tpu", "validate", "conformance", "--ops",
+                        "add", "--families", "out,errors", "--no-write"], capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "this run: 2 checks, 0 failed" in r.stdout
+
+
 @pytest.mark.slow
 def test_cli_validate_ops_runs_in_a_child_and_reports():
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
