@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 import torch
-from helpers.dist_launch import run_script, swap_cuda
+from helpers.dist_launch import report_counter, run_single, swap_cuda
 
 from torch_tpu import _tolerances
 
@@ -14,30 +14,15 @@ SCRIPT = pathlib.Path(__file__).parents[1] / "user_code" / "llama_complex_rope.p
 RTOL, _ = _tolerances.BY_DTYPE[torch.float32]
 
 
-def _run(script, env):
-    code, out, results = run_script(script, env, timeout=600)
-    assert code == 0 and len(results) == 1, out[-8000:]
-    return results[0], out
-
-
-def _counter(out: str, name: str) -> int:
-    """A counter from the report TORCH_TPU_METRICS=1 prints at exit."""
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == name:
-            return int(parts[1])
-    return 0
-
-
 @pytest.mark.slow
 def test_complex_rotary_llama_compiles_whole_and_trains_as_on_cpu(tmp_path):
-    want, _ = _run(SCRIPT, {"FORCE_CPU": "1", "COMPILE": "0"})
-    got, out = _run(swap_cuda(SCRIPT, tmp_path / "llama_tpu.py"), {"TORCH_TPU_METRICS": "1"})
+    want, _ = run_single(SCRIPT, {"FORCE_CPU": "1", "COMPILE": "0"})
+    got, out = run_single(swap_cuda(SCRIPT, tmp_path / "llama_tpu.py"), {"TORCH_TPU_METRICS": "1"})
     assert got["device"] == "tpu:0"
     assert got["losses"] == pytest.approx(want["losses"], rel=RTOL)
     assert got["losses"][-1] < got["losses"][0]
-    assert _counter(out, "compile.graphs") >= 2, out[-3000:]  # forward and backward
-    assert _counter(out, "compile.eager_graphs") == 0, out[-3000:]
+    assert report_counter(out, "compile.graphs") >= 2, out[-3000:]  # forward and backward
+    assert report_counter(out, "compile.eager_graphs") == 0, out[-3000:]
     assert "runs eagerly" not in out
 
 

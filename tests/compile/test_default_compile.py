@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from helpers.dist_launch import run_script, swap_cuda
+from helpers.dist_launch import report_counter, run_single, swap_cuda
 
 from torch_tpu import _tolerances, metrics
 
@@ -27,28 +27,12 @@ def _fresh():
     torch._dynamo.reset()
 
 
-def _run(script, env):
-    code, out, results = run_script(script, env, timeout=600)
-    assert code == 0, out[-8000:]
-    assert len(results) == 1, out[-8000:]
-    return results[0], out
-
-
-def _report_counter(out: str, name: str) -> int:
-    """A counter from the metrics report TORCH_TPU_METRICS=1 prints at exit."""
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == name:
-            return int(parts[1])
-    return 0
-
-
 @pytest.mark.slow
 def test_nanogpt_script_compiles_trains_and_samples_as_on_cpu(tmp_path):
     text = SCRIPT.read_text()
     assert "model = torch.compile(model)" in text and "cuda" in text  # as written for CUDA
-    want, _ = _run(SCRIPT, {"FORCE_CPU": "1", "COMPILE": "0"})
-    got, out = _run(swap_cuda(SCRIPT, tmp_path / "nanogpt_tpu.py"), {"TORCH_TPU_METRICS": "1"})
+    want, _ = run_single(SCRIPT, {"FORCE_CPU": "1", "COMPILE": "0"})
+    got, out = run_single(swap_cuda(SCRIPT, tmp_path / "nanogpt_tpu.py"), {"TORCH_TPU_METRICS": "1"})
     assert got["device"] == got["sample_device"] == "tpu:0"
     assert got["losses"] == pytest.approx(want["losses"], rel=RTOL)
     assert got["losses"][-1] < got["losses"][0] - 0.2  # it trains
@@ -56,8 +40,8 @@ def test_nanogpt_script_compiles_trains_and_samples_as_on_cpu(tmp_path):
                                rtol=RTOL, atol=ATOL)
     assert got["sample"] == want["sample"]
     # the compiled graphs ran as XLA programs: training forward and backward, inference
-    assert _report_counter(out, "compile.graphs") >= 3, out[-3000:]
-    assert _report_counter(out, "compile.eager_graphs") == 0
+    assert report_counter(out, "compile.graphs") >= 3, out[-3000:]
+    assert report_counter(out, "compile.eager_graphs") == 0
     assert "InductorError" not in out
 
 

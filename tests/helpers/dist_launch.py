@@ -202,3 +202,19 @@ def run_script(script, env=None, nproc=None, timeout=600):
         results.append(decode(out, at + 7)[0])
         at = out.find("RESULT {", at + 7)
     return proc.returncode, out, sorted(results, key=lambda r: r["rank"])
+
+
+def run_single(script, env=None, timeout=600):
+    """A one-process script that prints one RESULT line: (that result, the output)."""
+    code, out, results = run_script(script, env, timeout=timeout)
+    assert code == 0 and len(results) == 1, out[-8000:]
+    return results[0], out
+
+
+def report_counter(out: str, name: str) -> int:
+    """A counter from the metrics report TORCH_TPU_METRICS=1 prints at exit."""
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == name:
+            return int(parts[1])
+    return 0
