@@ -382,6 +382,10 @@ run merges into docs/validation/conformance-MODE.json and rewrites this page):
 
     python -m torch_tpu validate conformance --mode strict
 
+A column covers the ops its mode's runs covered (listed below): Strict and DeferAndFuse the
+whole database, compiled a sample of common ops (dynamo compiles every sample anew, so its
+whole sweep takes hours on a 2-core machine).
+
 Cells: passed / checked (the percentage), where "checked" leaves out ops the family has
 nothing to ask of (no out= variant, no error inputs, a random op's variants) and ops whose
 samples do not run on CPU.
