@@ -3,9 +3,8 @@ segfault in a kernel, the kernel's OOM killer, an XLA compile that never returns
 itself: the parent records it as a crash and starts a new child on the units after it.
 
 A unit is (name, dtype) for the OpInfo sweep, (name, family) for the conformance sweep and
-(model type, None) for the model sweep. The
-child appends one JSON line per event to a file the parent tails: {"start": unit} before a
-unit and {"unit": unit, "result": {...}} after it.
+(model type, None) for the model sweep. The child appends one JSON line per event to a file
+the parent tails: {"start": unit} before a unit and {"unit": unit, "result": {...}} after it.
 """
 from __future__ import annotations
 
