@@ -52,6 +52,9 @@ TORCH_TO_JAX = {
     torch.complex128: jnp.dtype(jnp.complex128),
     torch.float8_e4m3fn: jnp.dtype(ml_dtypes.float8_e4m3fn),
     torch.float8_e5m2: jnp.dtype(ml_dtypes.float8_e5m2),
+    torch.float8_e4m3fnuz: jnp.dtype(ml_dtypes.float8_e4m3fnuz),
+    torch.float8_e5m2fnuz: jnp.dtype(ml_dtypes.float8_e5m2fnuz),
+    torch.float8_e8m0fnu: jnp.dtype(ml_dtypes.float8_e8m0fnu),  # MX block scales
 }
 JAX_TO_TORCH = {v: k for k, v in TORCH_TO_JAX.items()}
 
@@ -61,6 +64,9 @@ _HOST_CARRIER = {
     torch.bfloat16: torch.int16,
     torch.float8_e4m3fn: torch.uint8,
     torch.float8_e5m2: torch.uint8,
+    torch.float8_e4m3fnuz: torch.uint8,
+    torch.float8_e5m2fnuz: torch.uint8,
+    torch.float8_e8m0fnu: torch.uint8,
 }
 
 

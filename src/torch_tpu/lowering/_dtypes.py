@@ -195,6 +195,9 @@ _SCALAR_TYPE_NAMES = {
     torch.complex128: ("ComplexDouble", "c10::complex<double>"),
     torch.float8_e4m3fn: ("Float8_e4m3fn", "c10::Float8_e4m3fn"),
     torch.float8_e5m2: ("Float8_e5m2", "c10::Float8_e5m2"),
+    torch.float8_e4m3fnuz: ("Float8_e4m3fnuz", "c10::Float8_e4m3fnuz"),
+    torch.float8_e5m2fnuz: ("Float8_e5m2fnuz", "c10::Float8_e5m2fnuz"),
+    torch.float8_e8m0fnu: ("Float8_e8m0fnu", "c10::Float8_e8m0fnu"),
 }
 
 

@@ -239,6 +239,12 @@ _AXIS = re.compile(r"axis (-?\d+) is out of bounds for array of dimension (\d+)"
 _NO_KERNEL = re.compile(r"does not accept dtype (\w+)")
 
 
+# ops whose CPU kernel does a subset of what tpu does (tensor-wise and row-wise scales, not
+# MX blocks): CPU's refusal would name the wrong rules, so the meta kernel's or the lowering's
+# words stand
+_CPU_SUBSET = {torch.ops.aten._scaled_mm.default, torch.ops.aten._scaled_mm_v2.default}
+
+
 def torch_error(plan, exc, vals=None):
     """The exception to raise for `exc`, raised while compiling `plan` for `vals`: CPU's
     own, where CPU refuses the call too (a meta kernel's or jnp's words are not CPU's).
@@ -248,7 +254,7 @@ def torch_error(plan, exc, vals=None):
     is not a refusal of the input)."""
     if isinstance(exc, _JAX_TRACER_ERRORS):
         return None
-    if vals is not None and plan.op.namespace == "aten":
+    if vals is not None and plan.op.namespace == "aten" and plan.op not in _CPU_SUBSET:
         # (a custom op's CPU kernel is its author's code, not a reference: torch_tpu.jax_op
         # runs the same function on CPU, and its error, naming the op, stands)
         # jnp refusing what torch's meta kernel passed: CPU likely accepts it, computing on
