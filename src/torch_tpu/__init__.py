@@ -57,6 +57,7 @@ torch_tpu_module.compile_cache_stats = _program_cache.stats
 from ._internal import pallas as _pallas  # noqa: E402,F401  (the reference's _internal.pallas.jax_op)
 from ._kernels import jax_op  # noqa: E402  (custom kernels: a JAX or Pallas function as a torch op)
 from ._buckets import pad_to_bucket, set_buckets  # noqa: E402  (the sizes that varying lengths compile at)
+from . import export  # noqa: E402  (torch.export programs as StableHLO: export.to_jax)
 
 
 def sync() -> None:
@@ -67,4 +68,4 @@ def sync() -> None:
 __all__ = ["DeviceAssertError", "EagerMode", "TpuCpuMismatchError", "TpuDebugError", "TpuIndexError",
            "TpuNonFiniteError", "eager_mode", "get_eager_mode", "jax_op", "metrics",
            "set_cpu_fallback", "set_eager_mode", "sync"]
-__all__ += ["CacheMissError", "RecompileWarning", "pad_to_bucket", "profiler", "set_buckets", "set_cache_only"]
+__all__ += ["CacheMissError", "RecompileWarning", "export", "pad_to_bucket", "profiler", "set_buckets", "set_cache_only"]

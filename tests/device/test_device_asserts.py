@@ -103,6 +103,11 @@ def cross_entropy():
 def multi_margin_loss():
     return F.multi_margin_loss(torch.randn(2, 3, device=dev), T([0, 3]))  # issue
 
+def assert_async():  # torchtitan's RoPE checks its position ids so, every forward
+    pos = torch.arange(5, device=dev)
+    torch._assert_async((pos < 3).all(), "position ids must be < 3")  # issue
+    return pos
+
 SYNCS = {
     "item": lambda y: y.sum().item(),
     "cpu": lambda y: y.cpu(),
@@ -113,7 +118,7 @@ SYNCS = {
 CASES = [index, index_put, index_put_accumulate, gather, scatter, scatter_add, scatter_reduce,
          index_select, index_add, index_copy, index_fill, take, put, embedding,
          embedding_backward, embedding_bag, nll_loss, nll_loss2d, cross_entropy,
-         multi_margin_loss]
+         multi_margin_loss, assert_async]
 out = {}
 for i, case in enumerate(CASES):
     sync = list(SYNCS)[i % len(SYNCS)]
@@ -162,6 +167,7 @@ _OPS = {
     "nll_loss2d": "aten.nll_loss2d_forward.default",
     "cross_entropy": "aten.nll_loss_forward.default",
     "multi_margin_loss": "aten.multi_margin_loss.default",
+    "assert_async": 'aten._assert_async.msg issued',
 }
 
 
@@ -235,6 +241,9 @@ def _ops(dev):
         "nll_ignore_out_of_range_value": lambda: F.nll_loss(torch.log_softmax(logits, 1),
                                                             T([7, 1, 7]), ignore_index=7),
         "multi_margin_loss": lambda: F.multi_margin_loss(logits, T([4, 0, 2])),
+        # a true assertion passes, and the values after it are CPU's
+        "assert_async": lambda: (torch._assert_async((base.abs() >= 0).all(), "finite"),
+                                 torch._assert_async(T(1)), base * 2)[-1],
     }
 
 

@@ -13,7 +13,8 @@ GRAPH_ONLY part) gives each its meaning here, with the reason:
   - factories (`empty`, `full`, `zeros`, `scalar_tensor`, `rand`, ...): eager builds them
     from `empty` (C++) and `fill_`/`uniform_`, so the graph builds them from the result's
     shape and dtype in node.meta;
-  - `_to_copy`, `detach`, `alias`, `lift_fresh_copy`: no new values, only a dtype cast.
+  - `_to_copy`, `detach`, `alias`, `lift_fresh_copy`: no new values, only a dtype cast;
+  - `_assert_tensor_metadata` (torch.export's graphs): the trace's shapes already hold it.
 Ops listed in lowering/decomp.py (torch's own decompositions, each with its reason) are
 decomposed while AOTAutograd traces, so they arrive here as ops the table has.
 """
@@ -155,6 +156,13 @@ _rule(aten.scalar_tensor.default)(_Factory(None, lambda a: a[0]))
 def _same_value(self, *args, meta=None, **kwargs):
     # the dtype cast (and for _to_copy a device move) comes from meta, like every node
     return self
+
+
+@_rule(aten._assert_tensor_metadata.default)
+def _metadata_checked(*args, meta=None, **kwargs):
+    # torch.export's check of an input's size, stride and dtype: the trace already holds
+    # them (its fake tensors), so the program has nothing to do
+    return ()
 
 
 @_rule(aten._unsafe_view.default, aten._reshape_alias.default)

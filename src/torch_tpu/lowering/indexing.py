@@ -493,3 +493,20 @@ def _isin(elements, test_elements, *, assume_unique=False, invert=False):
     test = jnp.ravel(jnp.asarray(test_elements))
     found = jnp.any(jnp.asarray(elements)[..., None] == test, axis=-1)
     return jnp.logical_not(found) if invert else found
+
+
+# ---------------------------------------------------------------- asserts
+def _assertion(vals):
+    """`_assert_async(t[, msg])` as a device-side assert: t must be nonzero (a one-element
+    tensor, as torch asks). The bound reads 1 where it is zero, outside [0, 1)."""
+    msg = vals[1] if len(vals) > 1 else "Expected Tensor with single nonzero value, but got zero"
+    return [bounds.Bound("self", (vals[0] == 0) * 1, 1, f'the assertion "{msg}"',
+                         noun="a false (zero) value")]
+
+
+@lowering(aten._assert_async.default, aten._assert_async.msg)
+@index_bounds(_assertion)
+def _assert_async(self, assert_msg=None):
+    # the check is the declared bound, reported at the next synchronization (CUDA's
+    # asynchronous assert); the op has no result. torch.compile's backend does not check.
+    return ()
