@@ -21,6 +21,18 @@ runs the same program shows `xla.compiles == 0`. (`executables_compiled`, counte
 eager executor, counts jitted functions it creates, whether or not XLA then compiles.)
 `watch()` hands the same outcomes, per executable, to whoever is compiling a program on
 this thread (_program_cache.py: the disk hits of each program).
+
+Shipping programs (docs/SHIPPING_PROGRAMS.md): inside `watch(record=True)` (the programs
+of torch.compile graphs) each executable that passes through this cache, written or read,
+is also recorded into PyTorch's mega-cache as an `XlaArtifact` (type "torch_tpu_xla": its
+key and the checksummed entry, as the file holds it), so that
+`torch.compiler.save_cache_artifacts()` carries it. `load_cache_artifacts()` in another
+process verifies each entry's checksum and writes it into this cache; with the cache off
+there, the entries are held in memory instead (a cache with no folder, that holds only
+them), so that loading still spares the compile without writing anything to disk.
+A key does not depend on the folder (`_install`), so an entry is found under any folder.
+Counted: `xla.artifacts_recorded`, `xla.artifacts_loaded`, `xla.artifact_hits` (an
+executable obtained from a loaded artifact; it is one of the `xla.cache_hits` too).
 """
 from __future__ import annotations
 
@@ -28,18 +40,23 @@ import contextlib
 import hashlib
 import os
 import pathlib
+import re
 import tempfile
 import threading
 import warnings
 
 import jax
+from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
 
-from . import _config, _jax_internals
+from . import _config, _jax_internals, metrics
 
 _MAGIC = b"TTPU1"
 _DIGEST = 32
-_state = {"dir": None, "listening": False}
+_state = {"dir": None, "cache": None, "listening": False}
 _hit = threading.local()
+_loaded: dict = {}  # loaded artifacts' keys -> their entry, held in memory (None: on disk)
+_record_lock = threading.Lock()  # (compile_ahead's threads record too)
+_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a file name in the cache folder, no path
 
 
 def cache_dir() -> pathlib.Path | None:
@@ -47,43 +64,68 @@ def cache_dir() -> pathlib.Path | None:
     return _state["dir"]
 
 
-class _CheckedCache:
-    """JAX's cache interface (get/put by key) over files with a checksum each."""
+def _frame(value: bytes) -> bytes:
+    return _MAGIC + hashlib.blake2b(value, digest_size=_DIGEST).digest() + value
 
-    def __init__(self, path: pathlib.Path):
+
+def _unframe(data: bytes) -> bytes | None:
+    """An entry's body, or None when its checksum does not match."""
+    body = data[len(_MAGIC) + _DIGEST:]
+    if (not data.startswith(_MAGIC) or hashlib.blake2b(body, digest_size=_DIGEST).digest()
+            != data[len(_MAGIC):len(_MAGIC) + _DIGEST]):
+        return None
+    return body
+
+
+class _CheckedCache:
+    """JAX's cache interface (get/put by key) over files with a checksum each; with no
+    folder (`path` None: the cache is off), only the artifacts loaded into memory."""
+
+    def __init__(self, path: pathlib.Path | None):
         self._path = path
-        path.mkdir(parents=True, exist_ok=True)
+        if path is not None:
+            path.mkdir(parents=True, exist_ok=True)
 
     def _file(self, key: str) -> pathlib.Path:
         return self._path / f"{key}.xla"
 
     def get(self, key: str) -> bytes | None:
-        f = self._file(key)
-        try:
-            data = f.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            warnings.warn(f"torch_tpu: cannot read compilation cache entry {f.name}: {e}")
-            return None
-        body = data[len(_MAGIC) + _DIGEST:]
-        if (not data.startswith(_MAGIC)
-                or hashlib.blake2b(body, digest_size=_DIGEST).digest()
-                != data[len(_MAGIC):len(_MAGIC) + _DIGEST]):
-            warnings.warn(f"torch_tpu: corrupt compilation cache entry {f.name} ignored "
+        _hit.artifact = key in _loaded  # (_listen: counted once JAX has loaded it)
+        data = _loaded.get(key)
+        if data is None:
+            if self._path is None:
+                return None
+            f = self._file(key)
+            try:
+                data = f.read_bytes()
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                warnings.warn(f"torch_tpu: cannot read compilation cache entry {f.name}: {e}")
+                return None
+        body = _unframe(data)
+        if body is None:
+            warnings.warn(f"torch_tpu: corrupt compilation cache entry {key}.xla ignored "
                           "(checksum mismatch); compiling again")
             try:
-                f.unlink()
+                if self._path is not None:
+                    self._file(key).unlink()
             except OSError:
                 pass
             return None
+        if getattr(_hit, "record", False):
+            _record(key, data)
         return body
 
     def put(self, key: str, value: bytes) -> None:
+        data = _frame(value)
+        if getattr(_hit, "record", False):
+            _record(key, data)
+        if self._path is None:
+            return
         f = self._file(key)
         if f.exists():
             return
-        data = _MAGIC + hashlib.blake2b(value, digest_size=_DIGEST).digest() + value
         try:
             fd, tmp = tempfile.mkstemp(dir=self._path, prefix=".tmp-")
             with os.fdopen(fd, "wb") as out:
@@ -93,8 +135,9 @@ class _CheckedCache:
             warnings.warn(f"torch_tpu: cannot write compilation cache entry {f.name}: {e}")
 
     def clear(self) -> None:
-        for f in self._path.glob("*.xla"):
-            f.unlink(missing_ok=True)
+        if self._path is not None:
+            for f in self._path.glob("*.xla"):
+                f.unlink(missing_ok=True)
 
 
 def setup(path: str | os.PathLike | None = None) -> pathlib.Path | None:
@@ -110,33 +153,90 @@ def setup(path: str | os.PathLike | None = None) -> pathlib.Path | None:
         warnings.warn(f"torch_tpu: compilation cache disabled, cannot use {target}: {e}")
         return None
     jax.config.update("jax_compilation_cache_dir", str(target))
-    # cache everything: eager ops compile in milliseconds, and there are hundreds
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_raise_persistent_cache_errors", False)
-    _jax_internals.set_persistent_cache(cache)
+    _install(cache, 0.0)  # cache everything: eager ops compile in milliseconds, hundreds of them
     _state["dir"] = target
     return target
+
+
+def _install(cache, min_seconds) -> None:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_seconds)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_raise_persistent_cache_errors", False)
+    # JAX would put the cache folder into every program's compile options (XLA's GPU
+    # autotune cache, set on every platform), hence into its key: under another folder,
+    # or none, a program's key would differ and no shipped artifact would be found
+    jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
+    _jax_internals.set_persistent_cache(cache)
+    _state["cache"] = cache
 
 
 def disable() -> None:
     """Turn the persistent cache off (executables compiled from now on stay in memory)."""
     jax.config.update("jax_compilation_cache_dir", None)
     _jax_internals.set_persistent_cache(None)
-    _state["dir"] = None
+    _state["dir"] = _state["cache"] = None
+
+
+# ---------------------------------------------------------------- shipped programs
+def _record(key: str, data: bytes) -> None:
+    with _record_lock:
+        CacheArtifactManager.record_artifact(XlaArtifact.type(), key, data)
+    metrics.count("xla.artifacts_recorded")
+
+
+def load(key: str, data: bytes) -> None:
+    """An artifact's entry into the persistent cache, where JAX finds it by its key; with
+    the cache off, into a cache with no folder that holds the loaded entries in memory.
+    A damaged entry (checksum) is left out with a warning: its program compiles."""
+    body = _unframe(data) if _KEY.fullmatch(key) else None
+    if body is None:
+        warnings.warn(f"torch_tpu: corrupt compiled-program artifact {key[:80]!r} ignored "
+                      "(checksum mismatch or not a cache key); its program will compile again")
+        return
+    cache = _state["cache"]
+    if cache is None:
+        # it looks up the loaded entries and writes nothing: so that JAX serializes no
+        # executable for it, it takes none (the minimum compile time to be cached: inf)
+        cache = _CheckedCache(None)
+        _install(cache, float("inf"))
+    if cache._path is None:
+        _loaded[key] = data
+    else:
+        cache.put(key, body)
+        _loaded[key] = None
+    metrics.count("xla.artifacts_loaded")
+
+
+@CacheArtifactFactory.register
+class XlaArtifact(CacheArtifact):
+    """One XLA executable of a torch.compile graph in torch.compiler's mega-cache: JAX's
+    persistent-cache key and the checksummed entry. Registered on import of torch_tpu,
+    as load_cache_artifacts needs it before it reads one (CacheInfo then has
+    `torch_tpu_xla_artifacts`)."""
+
+    @staticmethod
+    def type() -> str:
+        return "torch_tpu_xla"
+
+    def populate_cache(self) -> None:
+        load(self.key, self.content)
 
 
 @contextlib.contextmanager
-def watch():
+def watch(record: bool = False):
     """A list that receives (from_disk, seconds) for each executable this thread obtains
-    inside the block (nested blocks also pass theirs to the outer one)."""
+    inside the block (nested blocks also pass theirs to the outer one); with `record`,
+    the executables are also recorded for torch.compiler.save_cache_artifacts()."""
     outer = getattr(_hit, "events", None)
+    outer_record = getattr(_hit, "record", False)
     mine: list = []
     _hit.events = mine
+    _hit.record = record or outer_record
     try:
         yield mine
     finally:
         _hit.events = outer
+        _hit.record = outer_record
         if outer is not None:
             outer.extend(mine)
 
@@ -145,8 +245,6 @@ def _listen() -> None:
     if _state["listening"]:
         return
     _state["listening"] = True
-    from . import metrics
-
     cache_hit, backend_compile = _jax_internals.compile_events()
 
     def on_event(event, **kwargs):
@@ -160,6 +258,9 @@ def _listen() -> None:
             if disk:
                 _hit.flag = False
                 metrics.count("xla.cache_hits")
+                if getattr(_hit, "artifact", False):
+                    _hit.artifact = False
+                    metrics.count("xla.artifact_hits")
             else:
                 metrics.count("xla.compiles")
             metrics.counters["xla.compile_ms"] += int(seconds * 1000)

@@ -28,6 +28,11 @@ it compiles here, and this module applies, once for all three:
               writes the program's StableHLO with its key and reason. Programs are named
               for profiles by what they run (`jit_aten.mm.default`, `jit_fused_12ops_...`);
               names are stable across processes, as the persistent cache's keys need
+  shipping    the executables of compiled programs (and of fused graphs that run one) are
+              recorded for torch.compiler.save_cache_artifacts (_cache.XlaArtifact);
+              eager ops' are not: torch saves compile work, a model runs hundreds of op
+              programs, and torch's recorder keeps every artifact's bytes for the life of
+              the process (the disk cache serves eager ops across processes)
 
 `stats()` (torch.tpu.compile_cache_stats()) reports it all; `python -m torch_tpu report`
 prints the last runs' stats, saved into the cache folder when each process ends.
@@ -65,8 +70,8 @@ class Program:
     """One cached program: where it is held, what it cost, why it was compiled."""
 
     __slots__ = ("ahead", "calls", "compiled", "disk", "fn", "ident", "key", "kind", "label", "name",
-                 "nbytes", "owner", "pinned", "pins", "precision", "reason", "seconds", "where",
-                 "__weakref__")  # (_AHEAD_PENDING)
+                 "nbytes", "owner", "pinned", "pins", "precision", "reason", "seconds", "ships",
+                 "where", "__weakref__")  # (_AHEAD_PENDING)
 
     def __init__(self, kind, name, where, owner, key, reason, precision=None):
         self.kind, self.name, self.where = kind, name, where
@@ -85,6 +90,9 @@ class Program:
         self.label = None      # their profiler annotation
         self.ident = None      # its key in the LRU: id() of what its cache holds
         self.ahead = None      # compiled programs: the future of compile_ahead's work
+        # recorded for torch.compiler.save_cache_artifacts (_cache.XlaArtifact): the
+        # programs that run torch.compile graphs, not eager ops (the module doc)
+        self.ships = kind == COMPILED
 
     def summary(self) -> dict:
         return {"kind": self.kind, "name": self.name, "where": self.where,
@@ -245,6 +253,9 @@ def admit_graph(cache, key, nodes, body, donate, reason) -> Program:
             f"to {where}) has no compiled program: "
             f"{differs if changes else reason or 'no graph of these ops was compiled'}")
     rec = Program(GRAPH, name, where, cache, key, reason or "first graph of these ops")
+    # (DeferAndFuse fuses a compiled graph's call with the eager ops around it: this
+    # program is then what runs the compiled function, so it ships)
+    rec.ships = any(isinstance(op, str) and op.startswith("compiled ") for op in ops)
     body.__name__ = body.__qualname__ = name
     rec.fn = jax.jit(body, donate_argnums=donate)
     rec.label = (f"DeferAndFuse {name}", {"ops": "; ".join(distinct), "nodes": len(nodes)})
@@ -345,7 +356,7 @@ def compile_ahead(rec, specs) -> None:
 
     def work():
         t0 = time.perf_counter()
-        with _cache.watch() as mine:
+        with _cache.watch(rec.ships) as mine:
             rec.fn.lower(*specs).compile()
         return mine, time.perf_counter() - t0
 
@@ -365,7 +376,7 @@ def _first_run(rec, fn, args):
     specs = _specs(args) if dump is not None or not cpu else None
     early, early_s = _await_ahead(rec)
     t0 = time.perf_counter()
-    with _cache.watch() as mine:
+    with _cache.watch(rec.ships) as mine:
         if rec.label is not None and (PROFILING[0] or _torch_profiling()):
             with annotate(rec.label[0], **rec.label[1]):
                 out = fn(*args)
@@ -473,6 +484,11 @@ def stats(programs: bool = True, disk: bool = True) -> dict:
     out["held"] = sum(h[0] for h in _held.values())
     out["bytes"] = sum(h[1] for h in _held.values())
     out["compile_seconds"] = metrics.compile_seconds[0]
+    # torch.compiler.save/load_cache_artifacts (_cache.XlaArtifact): executables recorded
+    # for saving, loaded from artifacts, and obtained from loaded ones instead of compiled
+    out["artifacts"] = {"recorded": c.get("xla.artifacts_recorded", 0),
+                        "loaded": c.get("xla.artifacts_loaded", 0),
+                        "hits": c.get("xla.artifact_hits", 0)}
     out["recompile_reasons"] = list(metrics.recompile_reasons[-20:])
     out["storms"] = list(_recompiles.STORMS)
     if programs:
