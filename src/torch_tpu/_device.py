@@ -10,7 +10,7 @@ import torch
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import _C  # noqa: E402  (the C++ piece: allocator, generator, guard, hooks)
-from . import _amp, _backends, _memory, _patches, _runtime, _streams  # noqa: E402
+from . import _amp, _backends, _memory, _memory_history, _patches, _runtime, _streams  # noqa: E402
 from ._rng import check_state, default_generator  # noqa: E402
 from .op import asserts, current  # noqa: E402
 
@@ -176,8 +176,14 @@ def _make_module() -> types.ModuleType:
     g = globals()
     for name in _PUBLIC:
         setattr(mod, name, g[name])
+    # torch.tpu.memory, as torch.cuda.memory: the counters, and the snapshots
+    mod.memory = types.ModuleType("torch.tpu.memory", "tpu memory: counters and snapshots.")
     for name in _memory.PUBLIC:
         setattr(mod, name, getattr(_memory, name))
+        setattr(mod.memory, name, getattr(_memory, name))
+    for name in ("_record_memory_history", "_snapshot", "_dump_snapshot", "memory_summary"):
+        setattr(mod.memory, name, getattr(_memory_history, name))
+    mod.memory_summary = _memory_history.memory_summary
     mod.OutOfMemoryError = torch.OutOfMemoryError  # (torch.cuda.OutOfMemoryError is it too)
     mod._initialized = True
     mod.default_generators = (_DEFAULT_GENERATOR,)
@@ -193,6 +199,7 @@ def register() -> types.ModuleType:
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     torch._register_device_module("tpu", mod)
     sys.modules["torch.tpu"] = mod
+    sys.modules["torch.tpu.memory"] = mod.memory
     _C.set_sync_callback(synchronize)
     # Module.to("tpu") must keep tied weights tied (lm_head.weight is embed_tokens.weight):
     # cpu and tpu tensors are not shallow-copy compatible, so without swapping, _apply

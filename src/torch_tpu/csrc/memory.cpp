@@ -91,7 +91,25 @@ std::atomic<bool> g_lazy_alloc{false};
 struct AllocInfo {
   size_t nbytes;
   std::atomic<bool> realized;
+  uintptr_t addr;
 };
+
+// ---------------------------------------------------------------- memory history
+// While torch.tpu.memory._record_memory_history is on, every allocation, free and OOM is
+// handed to Python (_memory_history.py: the stack, the trace, the snapshot). Off, it costs
+// one relaxed load per allocation and free.
+std::atomic<bool> g_recording{false};
+py::object* g_record_fn = nullptr;  // (action, address, bytes); leaked, as g_capacity_fn
+
+void record_event(const char* action, uintptr_t addr, int64_t n) {
+  if (!g_recording.load(std::memory_order_relaxed) || !Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  try {
+    (*g_record_fn)(action, addr, n);
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("torch_tpu memory history");
+  }
+}
 
 void learn_capacity() {
   bool asked = false;
@@ -149,6 +167,7 @@ std::string user_location() {
 std::string out_of_memory_message(int64_t n, const std::string& cause) {
   using c10::CachingAllocator::format_size;
   ++g_num_ooms;
+  record_event("oom", 0, n);
   if (g_capacity.load() < 0) {  // (XLA ran out before any tpu storage was allocated)
     try {
       learn_capacity();
@@ -177,6 +196,7 @@ void tpu_delete(void* ctx) {
   auto* info = static_cast<AllocInfo*>(ctx);
   const auto n = static_cast<int64_t>(info->nbytes);
   if (n > 0) {
+    record_event("free_completed", info->addr, n);
     g_reserved.sub(n);
     g_reservations.sub(1);
     if (info->realized.load()) {
@@ -200,8 +220,9 @@ struct TpuAllocator final : c10::DeviceAllocator {
     size_t span = ((nbytes + 63) / 64) * 64 + 64;
     void* addr = reinterpret_cast<void*>(g_next_addr.fetch_add(span));
     const bool realized = !g_lazy_alloc.load(std::memory_order_relaxed);
-    auto* info = new AllocInfo{nbytes, realized};
+    auto* info = new AllocInfo{nbytes, realized, reinterpret_cast<uintptr_t>(addr)};
     if (realized && n > 0) count_realized(n);
+    if (n > 0) record_event("alloc", info->addr, n);
     return {addr, info, &tpu_delete, own_device()};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -285,6 +306,12 @@ void add_memory_functions(PyObject* module) {
     if (!THPStorage_Check(storage.ptr())) throw py::type_error("mark_realized(storage)");
     mark_realized(THPStorage_Unpack(storage.ptr()));
   });
+  m.def("set_memory_recorder", [](py::object fn) {
+    if (!g_record_fn) g_record_fn = new py::object();
+    g_recording = false;
+    *g_record_fn = std::move(fn);
+    g_recording = !g_record_fn->is_none();
+  }, "set_memory_recorder(fn(action, address, bytes) or None): memory history on or off");
   m.def("set_lazy_allocations", [](bool lazy) { g_lazy_alloc = lazy; });
   m.def("set_bad_fork", [](std::string message) {
     g_fork_message = std::move(message);
