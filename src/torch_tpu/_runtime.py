@@ -202,9 +202,12 @@ def host_array(cpu: torch.Tensor) -> np.ndarray:
     if cpu.is_conj() or cpu.is_neg():  # lazy conj()/neg views: their values
         cpu = cpu.resolve_conj().resolve_neg()
     carrier = _HOST_CARRIER.get(cpu.dtype)
-    cpu = cpu.detach()  # (a kernel's argument may still carry requires_grad)
+    # the copy is made by torch: numpy() marks the storage it views as not resizable, so
+    # viewing the user's tensor would forbid its resize_ after an upload (and it is the
+    # private copy that the numpy array keeps alive)
+    cpu = cpu.detach().clone(memory_format=torch.contiguous_format)
     host = cpu.view(carrier).numpy().view(jdt) if carrier is not None else cpu.numpy()
-    return np.array(host, copy=True).reshape(-1)
+    return host.reshape(-1)
 
 
 _EMPTY: dict = {}  # jax dtype -> its zero-length buffer (immutable: shared)

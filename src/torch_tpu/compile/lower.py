@@ -14,7 +14,9 @@ GRAPH_ONLY part) gives each its meaning here, with the reason:
     from `empty` (C++) and `fill_`/`uniform_`, so the graph builds them from the result's
     shape and dtype in node.meta;
   - `_to_copy`, `detach`, `alias`, `lift_fresh_copy`: no new values, only a dtype cast;
-  - `_assert_tensor_metadata` (torch.export's graphs): the trace's shapes already hold it.
+  - `_assert_tensor_metadata` (torch.export's graphs): the trace's shapes already hold it;
+  - activation offloading's moves (`prims.device_put`, `ao.offload`/`reload`/`wait_tensor`):
+    the value, as a CPU output of the forward program and a host input of the backward.
 Ops listed in lowering/decomp.py (torch's own decompositions, each with its reason) are
 decomposed while AOTAutograd traces, so they arrive here as ops the table has.
 """
@@ -26,6 +28,7 @@ import operator
 import jax
 import jax.numpy as jnp
 import torch
+import torch._functorch._activation_offloading.offload_ops  # noqa: F401  (torch.ops.ao.*)
 
 from .. import _jax_internals, _runtime, _storage
 from ..lowering import registry
@@ -155,6 +158,16 @@ _rule(aten.scalar_tensor.default)(_Factory(None, lambda a: a[0]))
        aten.alias.default, aten.lift_fresh.default)
 def _same_value(self, *args, meta=None, **kwargs):
     # the dtype cast (and for _to_copy a device move) comes from meta, like every node
+    return self
+
+
+@_rule(torch.ops.prims.device_put.default, torch.ops.ao.offload.default,
+       torch.ops.ao.reload.default, torch.ops.ao.wait_tensor.default)
+def _moved(self, *args, meta=None, **kwargs):
+    # activation offloading (torch._functorch.config.enable_activation_offloading): a saved
+    # activation leaves the forward program as a CPU output (the Program copies it to the
+    # host, and its device buffer dies with the step's), and enters the backward program
+    # as a host input it uploads; inside a program the value itself is unchanged
     return self
 
 
