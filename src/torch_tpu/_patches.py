@@ -246,6 +246,25 @@ INDUCTOR_CALL = Patch("torch:_TorchCompileInductorWrapper.__call__",
                       _DEFAULT_COMPILE_WHY)
 
 
+def _validate_device(original):
+    def _validate_device(query, key, value):
+        if query.device.type == "tpu":
+            return None  # forward and backward: torch's dense math, or compile/flex.py
+        return original(query, key, value)
+    return _validate_device
+
+
+FLEX_ATTENTION_DEVICE = Patch(
+    "torch.nn.attention.flex_attention:_validate_device",
+    "(query: 'Tensor', key: 'Tensor', value: 'Tensor') -> 'None'",
+    _validate_device,
+    "flex_attention refuses devices outside a fixed list (cuda, cpu, xpu, hpu, mps) before "
+    "anything runs. On tpu its eager path runs torch's own dense implementation op by op "
+    "(forward and backward, which CPU's path refuses), and compiled graphs lower its "
+    "higher-order ops (compile/flex.py); both are tested against CPU's math "
+    "(tests/compile/test_flex_attention.py). Only tpu inputs skip the check")
+
+
 # ---------------------------------------------------------------- dynamo (applied lazily)
 def _set_capturable(original):
     def _set_capturable(self, tx):
@@ -284,7 +303,7 @@ OPINFO_UNSEEDED = Patch(
     "the distribution that tpu's draw is judged against")
 
 AT_IMPORT = [PRINT_FROM_HOST, WRITE_FILE, SET_FROM_FILE, BACKWARD_GRAPH, BACKWARD_AUTOGRAD,
-             MODULE_APPLY, INDUCTOR_INIT, INDUCTOR_CALL]
+             MODULE_APPLY, INDUCTOR_INIT, INDUCTOR_CALL, FLEX_ATTENTION_DEVICE]
 WITH_DYNAMO = [CAPTURABLE_OPTIMIZERS]  # importing dynamo costs ~2.5 s: applied by compile
 FOR_VALIDATION = [OPINFO_UNSEEDED]  # applied by `python -m torch_tpu validate ops` only
 ALL = AT_IMPORT + WITH_DYNAMO + FOR_VALIDATION

@@ -31,6 +31,7 @@ import torch
 import torch._functorch._activation_offloading.offload_ops  # noqa: F401  (torch.ops.ao.*)
 
 from .. import _jax_internals, _runtime, _storage
+from . import flex
 from ..lowering import registry
 from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST,
                                TENSOR_LIST, OpSchema)
@@ -306,7 +307,7 @@ class GraphLowering:
                         for target in _targets(_arg(n, info, i)):
                             if target.op == "placeholder":
                                 self.mutated_inputs.add(self.ph_index[target])
-                elif isinstance(t, torch._ops.OperatorBase):
+                elif isinstance(t, torch._ops.OperatorBase) and t not in flex.HOPS:
                     missing.add(str(t))  # higher-order ops (cond, invoke_subgraph, ...)
             elif n.op in ("call_module", "call_method"):
                 missing.add(f"{n.op} {n.target}")
@@ -353,6 +354,11 @@ class GraphLowering:
                 args = _lookup(n.args, env)
                 kwargs = _lookup(n.kwargs, env) if n.kwargs else {}
                 t = n.target
+                hop = flex.HOPS.get(t) if isinstance(t, torch._ops.HigherOrderOperator) else None
+                if hop is not None:
+                    env[n] = _cast_like(hop(*args, **kwargs, meta=n.meta.get("val")),
+                                        n.meta.get("val"))
+                    continue
                 if not isinstance(t, torch._ops.OpOverload):
                     env[n] = t(*args, **kwargs)  # operator.getitem, SymInt arithmetic
                     continue
@@ -373,8 +379,11 @@ class GraphLowering:
                 env[n] = out
             elif op == "get_attr":
                 env[n] = consts[n.name]
+        outs = self.output_node.args[0]
+        if isinstance(outs, torch.fx.Node):  # (a subgraph returning one value)
+            return _lookup(outs, env)
         return [None if isinstance(a, torch.fx.Node) and a in host else _lookup(a, env)
-                for a in self.output_node.args[0]]
+                for a in outs]
 
     def _mutate(self, n, info, out, env, write):
         """An in-place op: the lowering returned the written arguments' new values. A

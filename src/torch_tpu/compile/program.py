@@ -86,7 +86,11 @@ class Program:
         self.name = name
         self.kinds = [input_kind(x) for x in example_inputs]
         self.graph = GraphLowering(gm, [i for i, k in enumerate(self.kinds) if k == IN_CPU])
-        self.consts = {k: _const_array(v) for k, v in self.graph.consts.items()}
+        consts = {k: _const_array(v) for k, v in self.graph.consts.items()}
+        # a higher-order op's subgraphs (flex_attention's score_mod) are interpreted while
+        # tracing, not passed to the program
+        self.subgraphs = {k: v for k, v in consts.items() if isinstance(v, torch.fx.GraphModule)}
+        self.consts = {k: v for k, v in consts.items() if k not in self.subgraphs}
         self.n_seeded = self.graph.n_seeded
         self.mutated = sorted(self.graph.mutated_inputs)
         # CPU inputs that device nodes write (host nodes write theirs on the host)
@@ -322,7 +326,7 @@ class Program:
         feed_specs = key[len(kinds)] if self.has_host else ()
         npacks = len(_pack_groups(feed_specs))
         seeded = self.n_seeded > 0
-        const_names = list(self.consts)
+        const_names, subgraphs = list(self.consts), self.subgraphs
         placeholders = graph.placeholders
         feed_nodes = graph.feeds
 
@@ -332,7 +336,7 @@ class Program:
             rest = flat[nbufs + noffsets:]
             packs = rest[:npacks]
             seed, offset = (rest[npacks], rest[npacks + 1]) if seeded else (0, 0)
-            consts = dict(zip(const_names, rest[npacks + 2 * seeded:]))
+            consts = dict(zip(const_names, rest[npacks + 2 * seeded:]), **subgraphs)
             current = list(bufs)   # storage buffers, updated by in-graph writes
             env = {}
             offset_of = {}  # input index -> its offset, static or passed as data
