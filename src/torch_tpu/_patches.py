@@ -265,6 +265,36 @@ FLEX_ATTENTION_DEVICE = Patch(
     "(tests/compile/test_flex_attention.py). Only tpu inputs skip the check")
 
 
+def _set_pg_timeout(original):
+    def _set_pg_timeout(timeout, group=None):
+        from torch.distributed import distributed_c10d as c10d
+
+        from .distributed.process_group import ProcessGroupTPU
+
+        pg = group if group is not None else c10d._get_default_group()
+        if not c10d._rank_not_in_group(pg):
+            try:  # (a tpu_dist group lists no device types: ask for the backend)
+                backend = pg._get_backend(torch.device("tpu"))
+            except RuntimeError:
+                backend = None
+            if isinstance(backend, ProcessGroupTPU):
+                backend._set_default_timeout(timeout)
+                if torch.device("cpu") not in pg._device_types:
+                    return None  # (the original would warn that only nccl and gloo can)
+        return original(timeout, group)
+    return _set_pg_timeout
+
+
+SET_PG_TIMEOUT = Patch(
+    "torch.distributed.distributed_c10d:_set_pg_timeout",
+    "(timeout: datetime.timedelta, group: torch.distributed.distributed_c10d.ProcessGroup | None = None) -> None",
+    _set_pg_timeout,
+    "`_set_pg_timeout` (torchtitan sets a short timeout after its first step) looks only for "
+    "gloo and NCCL backends among a group's, by device type cpu and cuda, and warns for any "
+    "other: a tpu_dist group's timeout is set here, and the original still sets a gloo "
+    "backend the group has for cpu")
+
+
 # ---------------------------------------------------------------- dynamo (applied lazily)
 def _set_capturable(original):
     def _set_capturable(self, tx):
@@ -303,7 +333,7 @@ OPINFO_UNSEEDED = Patch(
     "the distribution that tpu's draw is judged against")
 
 AT_IMPORT = [PRINT_FROM_HOST, WRITE_FILE, SET_FROM_FILE, BACKWARD_GRAPH, BACKWARD_AUTOGRAD,
-             MODULE_APPLY, INDUCTOR_INIT, INDUCTOR_CALL, FLEX_ATTENTION_DEVICE]
+             MODULE_APPLY, INDUCTOR_INIT, INDUCTOR_CALL, FLEX_ATTENTION_DEVICE, SET_PG_TIMEOUT]
 WITH_DYNAMO = [CAPTURABLE_OPTIMIZERS]  # importing dynamo costs ~2.5 s: applied by compile
 FOR_VALIDATION = [OPINFO_UNSEEDED]  # applied by `python -m torch_tpu validate ops` only
 ALL = AT_IMPORT + WITH_DYNAMO + FOR_VALIDATION

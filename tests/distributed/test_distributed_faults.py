@@ -348,19 +348,31 @@ def _worker_hang():
 
     import torch_tpu.distributed  # noqa: F401
 
-    dist.init_process_group("tpu_dist", timeout=datetime.timedelta(seconds=8))
+    import os
+    import warnings
+
+    eight = datetime.timedelta(seconds=8)
+    if os.environ.get("SET_BY") == "set_pg_timeout":  # torchtitan's way, after its first step
+        dist.init_process_group("tpu_dist")
+    else:
+        dist.init_process_group("tpu_dist", timeout=eight)
     rank = dist.get_rank()
     t = torch.ones(4, device="tpu")
     dist.all_reduce(t)
     t.sum().item()
+    if os.environ.get("SET_BY") == "set_pg_timeout":
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "only supported for nccl or gloo"
+            dist.distributed_c10d._set_pg_timeout(eight)
     if rank == 1:
         time.sleep(60)  # alive, heartbeating, but never joins the next collective
     dist.all_reduce(t)
     t.sum().item()
 
 
-def test_hung_rank_timeout_is_honoured():
-    job = launch(__file__, "hang", 2, timeout=120)
+@pytest.mark.parametrize("set_by", ["init", "set_pg_timeout"])
+def test_hung_rank_timeout_is_honoured(set_by):
+    job = launch(__file__, "hang", 2, timeout=120, env={"SET_BY": set_by})
     out = job.outputs[0]
     assert job.codes[0] != 0, job.log(0)
     assert "did not complete within the timeout of 8 s" in out, job.log(0)

@@ -27,6 +27,9 @@ def _tpu(x):
 
 
 def _on_tpu(fn, args, compiled=False):
+    if compiled:
+        torch._dynamo.reset()  # (one lambda's code, many cases: past the recompile limit
+        #                        dynamo would run it eagerly)
     f = torch.compile(fn, backend="tpu", dynamic=False) if compiled else fn
     out = f(*[_tpu(x) for x in args])
     assert out.device.type == "tpu"
@@ -154,27 +157,27 @@ def test_mx_scales_of_partial_tiles(eager):
     _close(got, want, torch.float32)
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "mx1x32", "1x128-128x128"])
-def test_compiled_scaled_mm(recipe):
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", *BLOCKS])
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+def test_compiled_scaled_mm(recipe, out_dtype):
     a, b = _operands()
     if recipe in CPU_RECIPES:
         kw = CPU_RECIPES[recipe]()
-        bias = torch.randn(N).bfloat16()
-        want = torch._scaled_mm(a, b, bias=bias, out_dtype=torch.bfloat16, **kw)
+        bias = torch.randn(N).to(out_dtype)
+        want = torch._scaled_mm(a, b, bias=bias, out_dtype=out_dtype, **kw)
         got = _on_tpu(lambda x, y, sa, sb, c: torch._scaled_mm(
-            x, y, scale_a=sa, scale_b=sb, bias=c, out_dtype=torch.bfloat16),
+            x, y, scale_a=sa, scale_b=sb, bias=c, out_dtype=out_dtype),
             (a, b, *kw.values(), bias), compiled=True)
-        _close(got, want, torch.bfloat16)
+        _close(got, want, out_dtype)
         return
     ra, rb, _, sdtype = BLOCKS[recipe]
     g = torch.Generator().manual_seed(1)
     (sa, ma), (sb, mb) = _scale(ra, M, sdtype, g), _scale(rb, N, sdtype, g)
-    want = _dequant(a, ma, _SHAPE[ra]) @ _dequant(b.t(), mb, _SHAPE[rb]).t()
+    want = (_dequant(a, ma, _SHAPE[ra]) @ _dequant(b.t(), mb, _SHAPE[rb]).t()).to(out_dtype)
     # compiled, unswizzled MX scales are accepted too (the fake tensors' device is tpu)
-    got = _on_tpu(lambda x, y, s1, s2: F.scaled_mm(x, y, s1, ra, s2, rb,
-                                                   output_dtype=torch.float32),
+    got = _on_tpu(lambda x, y, s1, s2: F.scaled_mm(x, y, s1, ra, s2, rb, output_dtype=out_dtype),
                   (a, b, sa, sb), compiled=True)
-    _close(got, want, torch.float32)
+    _close(got, want, out_dtype)
 
 
 def test_float8_linear_layer_trains_like_cpu(eager):

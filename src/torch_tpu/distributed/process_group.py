@@ -368,6 +368,10 @@ class ProcessGroupTPU(dist.ProcessGroup):
         _watchdog.wait(gm, self._timeout_s, f"barrier on group {gm.name!r}")
         return _work(None)
 
+    def _set_default_timeout(self, timeout) -> None:
+        """The timeout of the collectives issued from now on (dist._set_pg_timeout)."""
+        self._timeout_s = timeout.total_seconds()
+
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         gm = self.mesh()
         self._issue(gm, "barrier", [], (), ())
