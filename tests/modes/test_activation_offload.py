@@ -22,19 +22,24 @@ def _model():
     return nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(6)])
 
 
-def _step(model, x, ctx, device, step=None):
-    """-> (device bytes held after forward, loss, gradients on the host)."""
+def _step(model, x, ctx, device, step=None, peaks=None):
+    """-> (device bytes held after forward, loss, gradients on the host); `peaks` gets
+    the step's peak device bytes over what was allocated before it."""
     model = model.to(device)
     for p in model.parameters():
         p.grad = None
     x = x.to(device)
     torch_tpu.sync()
     before = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
     with ctx():
         loss = (step or model)(x).square().mean()
     torch_tpu.sync()
     held = torch.tpu.memory_allocated() - before
     loss.backward()
+    torch_tpu.sync()
+    if peaks is not None:
+        peaks.append(torch.tpu.max_memory_allocated() - before)
     return held, loss.item(), [p.grad.cpu() for p in model.parameters()]
 
 
@@ -49,12 +54,15 @@ def _cpu_reference(x):
 def test_save_on_cpu_lowers_held_memory_same_gradients(eager, device_type):
     x = torch.randn(512, 256)
     want_loss, want_grads = _cpu_reference(x)
-    plain, loss, grads = _step(_model(), x, contextlib.nullcontext, "tpu")
+    peaks = []
+    plain, loss, grads = _step(_model(), x, contextlib.nullcontext, "tpu", peaks=peaks)
     offloaded, loss_off, grads_off = _step(
         _model(), x, lambda: torch.autograd.graph.save_on_cpu(pin_memory=True,
-                                                              device_type=device_type), "tpu")
+                                                              device_type=device_type), "tpu",
+        peaks=peaks)
     assert plain > 6 * MiB           # 12 activations of 512 x 256 floats stay for backward
     assert offloaded < plain / 4     # on the host instead
+    assert peaks[1] < peaks[0] * 0.75, peaks  # and the step's peak falls with them
     for got_loss, got in ((loss, grads), (loss_off, grads_off)):
         assert got_loss == pytest.approx(want_loss, rel=1e-5)
         for g, w in zip(got, want_grads):
