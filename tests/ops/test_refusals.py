@@ -82,6 +82,9 @@ REFUSED = {
     "randn of long": (lambda d: torch.randn(3, dtype=torch.long, device=d), "not implemented for 'Long'"),
     "normal_ of int": (lambda d: torch.zeros(3, dtype=torch.int32, device=d).normal_(),
                        "not implemented for 'Int'"),
+    # an argument's value (the kernel's check; the meta kernel has none)
+    "uniform_ from > to": (lambda d: _z(d, 3).uniform_(3, -1),
+                           "uniform_ expects to return a [from, to) range, but found from=3 > to=-1"),
     # out= and in-place casting (TensorIterator: the result dtype must cast safely)
     "add out= long": (lambda d: torch.add(_z(d, 3), 1.5, out=_z(d, 3, dtype=torch.long)),
                       "result type Float can't be cast to the desired output type Long"),

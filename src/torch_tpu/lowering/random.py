@@ -38,6 +38,9 @@ def _normal(key, shape, dtype):
 # ---------------------------------------------------------------- continuous distributions
 @lowering(aten.uniform.default)
 def _uniform(self, from_=0.0, to=1.0, *, generator):
+    if isinstance(from_, (int, float)) and isinstance(to, (int, float)) and from_ > to:
+        raise RuntimeError(  # CPU's check and words (its kernel's; the meta kernel has none)
+            f"uniform_ expects to return a [from, to) range, but found from={from_:g} > to={to:g}")
     u = _uniform01(generator, self.shape, self.dtype).astype(_sample_dtype(self.dtype))
     return (from_ + (to - from_) * u).astype(self.dtype)
 
