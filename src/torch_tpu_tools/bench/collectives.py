@@ -3,13 +3,14 @@
 Two processes (by default) on 127.0.0.1 join one job with a tpu_dist default group and a
 gloo group beside it. For each size, every contestant runs once per round, rounds rotate
 the order, and every sample starts on a gloo barrier so both ranks time the same thing:
-  - gloo: `dist.all_reduce` / `dist.all_gather_into_tensor` of CPU tensors on the gloo group;
+  - gloo: `dist.all_reduce` / `dist.all_gather_into_tensor` / `dist.reduce_scatter_tensor`
+    of CPU tensors on the gloo group;
   - tpu_dist: the same calls on tpu tensors, ending in a wait for the result;
   - plain JAX (all_reduce only): a bare `jit(shard_map(psum))` on the same processes, the
     baseline DESIGN.md measured (no donation, fresh output each call).
 Bus bandwidth follows nccl-tests: all_reduce moves 2(n-1)/n of the buffer per rank,
-all_gather (n-1)/n of the gathered output; a size is the all_reduce buffer or the
-all_gather output.
+all_gather and reduce_scatter (n-1)/n of the large buffer; a size is the all_reduce
+buffer, the all_gather output or the reduce_scatter input (FSDP's gradient reduction).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ _TARGETS = {  # (op, size predicate) -> (minimum tpu/gloo bandwidth ratio, descr
     "all_gather": (1.0, lambda b: b >= 4 << 20, "≥ 1.0× gloo from 4 MB"),
     "all_reduce": (0.8, lambda b: (1 << 20) <= b <= 16 << 20, "≥ 0.8× gloo at 1-16 MB"),
 }
+OPS = ("all_reduce", "all_gather", "reduce_scatter")  # reduce_scatter: measured, no target
 
 
 def add_arguments(p) -> None:
@@ -107,9 +109,19 @@ def _worker(rank: int, world: int, sizes, rounds: int, out_path: str) -> None:
                 dist.all_gather_into_tensor(tpu_out, tpu_in)
             block(tpu_out)
 
+        def gloo_rs():  # the full buffer in, this rank's 1/world of the sum out
+            for _ in range(k):
+                dist.reduce_scatter_tensor(cpu_in, cpu, group=gloo)
+
+        def tpu_rs():
+            for _ in range(k):
+                dist.reduce_scatter_tensor(tpu_in, tpu)
+            block(tpu_in)
+
         fns = {("all_reduce", "gloo"): gloo_ar, ("all_reduce", "tpu_dist"): tpu_ar,
                ("all_reduce", "plain JAX"): jax_ar, ("all_gather", "gloo"): gloo_ag,
-               ("all_gather", "tpu_dist"): tpu_ag}
+               ("all_gather", "tpu_dist"): tpu_ag, ("reduce_scatter", "gloo"): gloo_rs,
+               ("reduce_scatter", "tpu_dist"): tpu_rs}
         for fn in fns.values():  # warm-up: compiles, first-touch of buffers
             fn()
         samples = {key: [] for key in fns}
@@ -167,8 +179,8 @@ def _table(data) -> tuple[str, list[str]]:
     by = {(r["op"], r["who"], r["bytes"]): r["seconds"] for r in data["results"]}
     sizes = sorted({r["bytes"] for r in data["results"]})
     rows, verdicts = [], []
-    for op in ("all_reduce", "all_gather"):
-        ratio_min, applies, target = _TARGETS[op]
+    for op in OPS:
+        ratio_min, applies, target = _TARGETS.get(op, (0.0, lambda b: False, ""))
         for b in sizes:
             g, t = by[(op, "gloo", b)], by[(op, "tpu_dist", b)]
             j = by.get((op, "plain JAX", b))
