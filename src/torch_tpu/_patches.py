@@ -269,15 +269,14 @@ def _set_pg_timeout(original):
     def _set_pg_timeout(timeout, group=None):
         from torch.distributed import distributed_c10d as c10d
 
-        from .distributed.process_group import ProcessGroupTPU
-
         pg = group if group is not None else c10d._get_default_group()
         if not c10d._rank_not_in_group(pg):
             try:  # (a tpu_dist group lists no device types: ask for the backend)
                 backend = pg._get_backend(torch.device("tpu"))
             except RuntimeError:
                 backend = None
-            if isinstance(backend, ProcessGroupTPU):
+            # tpu's backend: tpu_dist's ProcessGroupTPU (or gloo, staging tpu tensors)
+            if callable(getattr(backend, "_set_default_timeout", None)):
                 backend._set_default_timeout(timeout)
                 if torch.device("cpu") not in pg._device_types:
                     return None  # (the original would warn that only nccl and gloo can)

@@ -6,8 +6,9 @@ The forward computes what torch's dense implementation defines (the math every b
 must match): scores = q @ k^T (float32, or float64 for float64 inputs) times `scale`;
 `score_mod(score, b, h, q_idx, kv_idx, *buffers)` applied to every element and
 `mask_mod(b, h, q_idx, kv_idx, *buffers)` choosing which scores stay (others -inf), both
-traced subgraphs interpreted through the lowering table, elementwise, under four nested
-`jax.vmap`s (as torch vmaps them); grouped-query heads share their kv head (head h reads
+traced subgraphs that compile/lower.py hands over as JAX functions of scalars (`Subgraph`,
+interpreted through the lowering table), elementwise under four nested `jax.vmap`s (as torch
+vmaps them); grouped-query heads share their kv head (head h reads
 kv head h // G); then a softmax whose fully masked rows are 0, and the product with v. It
 returns (out, logsumexp / ln 2, row max / ln 2): the HOP's statistics are in base 2,
 which `flex_attention` converts back. The block tensors of the BlockMask only say which
@@ -26,29 +27,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _runtime
-
 _LN2 = math.log(2.0)
 _FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
-
-
-def _scalar_fn(gm):
-    """A traced GraphModule of scalar arguments (score_mod, mask_mod) as a JAX function of
-    scalars, and the dtypes of its index arguments."""
-    from .lower import GraphLowering
-
-    graph = GraphLowering(gm)
-    consts = {k: (_runtime.to_device(v.detach().cpu().contiguous()).reshape(tuple(v.shape))
-                  if isinstance(v, torch.Tensor) else v) for k, v in graph.consts.items()}
-
-    def fn(*args):
-        env = dict(zip(graph.placeholders, args))
-        out = graph.trace(env, consts, 0, 0, lambda i, value: None)
-        return out[0] if isinstance(out, (list, tuple)) else out
-
-    dtypes = [_runtime.jax_dtype(p.meta["val"].dtype) if isinstance(p.meta.get("val"), torch.Tensor)
-              else jnp.int32 for p in graph.placeholders]
-    return fn, dtypes
 
 
 def _grid(fn, with_score, n_buffers):
@@ -67,12 +47,10 @@ def _forward(q, k, v, score_mod, mask_mod, scale, score_bufs, mask_bufs):
     work = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
     scores = jnp.matmul(q.astype(work), jnp.swapaxes(k.astype(work), -1, -2),
                         precision=jax.lax.Precision.HIGHEST) * scale
-    score_fn, score_dt = _scalar_fn(score_mod)
-    mask_fn, mask_dt = _scalar_fn(mask_mod)
-    idx = [jnp.arange(n, dtype=dt) for n, dt in zip(scores.shape, score_dt[1:5])]
-    midx = [jnp.arange(n, dtype=dt) for n, dt in zip(scores.shape, mask_dt[:4])]
-    kept = _grid(mask_fn, False, len(mask_bufs))(*midx, *mask_bufs).astype(bool)
-    modded = _grid(score_fn, True, len(score_bufs))(scores, *idx, *score_bufs).astype(work)
+    idx = [jnp.arange(n, dtype=dt) for n, dt in zip(scores.shape, score_mod.dtypes[1:5])]
+    midx = [jnp.arange(n, dtype=dt) for n, dt in zip(scores.shape, mask_mod.dtypes[:4])]
+    kept = _grid(mask_mod, False, len(mask_bufs))(*midx, *mask_bufs).astype(bool)
+    modded = _grid(score_mod, True, len(score_bufs))(scores, *idx, *score_bufs).astype(work)
     post = jnp.where(kept, modded, -jnp.inf)
     empty = jnp.all(~kept | (post == -jnp.inf), axis=-1, keepdims=True)
     row_max = jnp.max(jnp.where(empty, 0.0, post), axis=-1, keepdims=True)

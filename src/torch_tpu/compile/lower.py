@@ -355,7 +355,8 @@ class GraphLowering:
                 kwargs = _lookup(n.kwargs, env) if n.kwargs else {}
                 t = n.target
                 hop = flex.HOPS.get(t) if isinstance(t, torch._ops.HigherOrderOperator) else None
-                if hop is not None:
+                if hop is not None:  # (its subgraph arguments as JAX functions)
+                    args = _subgraphs(args)
                     env[n] = _cast_like(hop(*args, **kwargs, meta=n.meta.get("val")),
                                         n.meta.get("val"))
                     continue
@@ -398,6 +399,42 @@ class GraphLowering:
                 env[target] = value
                 if target.op == "placeholder":
                     write(self.ph_index[target], value)
+
+
+class Subgraph:
+    """A higher-order op's traced subgraph (flex_attention's score_mod and mask_mod) as a
+    JAX function of its placeholders' values, interpreted through the lowering table;
+    `dtypes`: its placeholders' JAX dtypes."""
+
+    def __init__(self, gm):
+        self.gm, self.graph = gm, None  # read when first used (a HOP may not use them all)
+
+    def _ready(self):
+        if self.graph is None:
+            self.graph = GraphLowering(self.gm)
+            self.consts = {k: (_runtime.to_device(v.detach().cpu().contiguous())
+                               .reshape(tuple(v.shape)) if isinstance(v, torch.Tensor) else v)
+                           for k, v in self.graph.consts.items()}
+        return self.graph
+
+    @property
+    def dtypes(self):
+        return [_runtime.jax_dtype(p.meta["val"].dtype)
+                if isinstance(p.meta.get("val"), torch.Tensor) else jnp.int32
+                for p in self._ready().placeholders]
+
+    def __call__(self, *args):
+        env = dict(zip(self._ready().placeholders, args))
+        out = self.graph.trace(env, self.consts, 0, 0, lambda i, value: None)
+        return out[0] if isinstance(out, (list, tuple)) else out
+
+
+def _subgraphs(v):
+    if isinstance(v, torch.fx.GraphModule):
+        return Subgraph(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_subgraphs(x) for x in v)
+    return v
 
 
 def _whole_storage(node) -> bool:

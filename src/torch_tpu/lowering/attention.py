@@ -61,8 +61,8 @@ class _Problem:
     the length; causal attention stops each query block's loop at the diagonal. Lengths
     are padded to whole blocks: padded keys are masked, padded queries dropped."""
 
-    def __init__(self, q, k, v, bias, is_causal, scale):
-        self.prec = precision.for_matmul(q.dtype)  # before the widening (bf16: one pass)
+    def __init__(self, q, k, v, bias, is_causal, scale, prec):
+        self.prec = prec  # precision.for_matmul of the inputs' dtype (bf16: one pass)
         q, k, v = to_opmath(q), to_opmath(k), to_opmath(v)
         self.groups = q.shape[-3] // k.shape[-3]
         if self.groups > 1:  # key/value head j serves query heads j*r .. j*r+r-1
@@ -224,7 +224,8 @@ def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=Fa
                   return_debug_mask=False, *, scale=None):
     if dropout_p > 0:  # sdp_choice keeps dropout on the math path
         raise NotImplementedError("tpu's fused attention has no dropout")
-    out, lse = _Problem(query, key, value, attn_bias, is_causal, scale).forward()
+    prec = precision.for_matmul(query.dtype)
+    out, lse = _Problem(query, key, value, attn_bias, is_causal, scale, prec).forward()
     zero = jnp.zeros((), jnp.int64)  # philox seed and offset: no randomness here
     # one value per schema return; None where torch's meta gives no tensor (the cumulative
     # sequence lengths and debug mask of nested inputs) or a size (max_q, max_k: the
@@ -239,7 +240,8 @@ def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=Fa
 def _sdpa_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp,
                    cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,
                    philox_offset, *, scale=None):
-    problem = _Problem(query, key, value, attn_bias, is_causal, scale)
+    problem = _Problem(query, key, value, attn_bias, is_causal, scale,
+                       precision.for_matmul(query.dtype))
     bias_grad = len(grad_input_mask) > 3 and grad_input_mask[3]
     gq, gk, gv, gb = problem.backward(grad_out, out, logsumexp, bias_grad)
     grads = [gq.astype(query.dtype), gk.astype(key.dtype), gv.astype(value.dtype)]
