@@ -10,7 +10,7 @@ its own processes (DESIGN.md) and each process has one torch thread. The script:
     by the world size (torchtitan's setting: one PREMUL_SUM-free reduce-scatter); gloo has
     no PREMUL_SUM, so its run keeps FSDP's default divide factor: the same math.
   - tp: ColwiseParallel q/k/v, gate/up and RowwiseParallel o/down on every layer (as
-    examples/common.py's tensor_parallel); the same global batch on every rank; AdamW
+    workloads/decoder.py's tensor_parallel); the same global batch on every rank; AdamW
     with foreach=False (torch's foreach kernels refuse a mix of DTensor and plain tensors).
 Each step ends in `loss.item()`, the sync. Reported: the median of the steps after the
 warm-up (first compiles, AdamW's state), the loss curves' largest difference between tpu
@@ -26,6 +26,7 @@ import sys
 import time
 
 from . import common
+from ..workloads import decoder
 
 WARMUP = 3         # steps left out of the median: compiles, AdamW's state, the fused graph
 TARGET = 1.3       # tpu / gloo step time at 2 processes (issue 32)
@@ -85,15 +86,7 @@ def _worker(cfg: dict) -> None:
         if device == "tpu":
             model.set_gradient_divide_factor(1.0)
     else:
-        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                       parallelize_module)
-
-        plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-                "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-                "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-                "mlp.down_proj": RowwiseParallel()}
-        for layer in model.model.layers:
-            parallelize_module(layer, mesh, plan)
+        decoder.tensor_parallel(model, mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=None if fsdp else False)
     gen = torch.Generator().manual_seed(rank if fsdp else 0)
     batches = [torch.randint(0, 2048, (4, cfg["seq"]), generator=gen) for _ in range(cfg["steps"])]

@@ -190,3 +190,19 @@ def jax_llama_math(model):
         return x[:, -1] @ p["lm_head.weight"].T, caches[0], caches[1]
 
     return params, loss_fn, forward, cached
+
+
+def tensor_parallel(model: torch.nn.Module, tp_mesh) -> None:
+    """Megatron-style TP on every decoder layer: q/k/v and gate/up projections split by
+    output features (ColwiseParallel), o/down projections by input features
+    (RowwiseParallel) with one all-reduce of their partial outputs. Each rank then holds
+    heads/tp attention heads; HF's attention infers the local head count from shapes."""
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel()}
+    for layer in model.model.layers:
+        parallelize_module(layer, tp_mesh, plan)
