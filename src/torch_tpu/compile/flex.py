@@ -52,7 +52,7 @@ def _forward(q, k, v, score_mod, mask_mod, scale, score_bufs, mask_bufs):
     kept = _grid(mask_mod, False, len(mask_bufs))(*midx, *mask_bufs).astype(bool)
     modded = _grid(score_mod, True, len(score_bufs))(scores, *idx, *score_bufs).astype(work)
     post = jnp.where(kept, modded, -jnp.inf)
-    empty = jnp.all(~kept | (post == -jnp.inf), axis=-1, keepdims=True)
+    empty = jnp.all(post == -jnp.inf, axis=-1, keepdims=True)  # (-inf where not kept)
     row_max = jnp.max(jnp.where(empty, 0.0, post), axis=-1, keepdims=True)
     weights = jnp.exp(jnp.where(empty, -jnp.inf, post - row_max))
     total = jnp.sum(weights, axis=-1, keepdims=True)
