@@ -26,6 +26,10 @@ from .eager.debug import (  # noqa: E402
     TpuCpuMismatchError, TpuDebugError, TpuIndexError, TpuNonFiniteError)
 from .op.asserts import DeviceAssertError  # noqa: E402  (CUDA's device-side assert)
 from .eager import modes as _modes  # noqa: E402
+from .eager import capture as _capture  # noqa: E402  (torch.tpu.graph, TPUGraph)
+
+for _name in _capture.PUBLIC:
+    setattr(torch_tpu_module, _name, getattr(_capture, _name))
 from . import _config  # noqa: E402
 
 _modes.init_from_env()

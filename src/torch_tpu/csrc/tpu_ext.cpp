@@ -9,6 +9,7 @@
 //   graph.cpp, kernel.cpp and direct.cpp.
 #include <torch/extension.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/native/Resize.h>
@@ -88,26 +89,43 @@ void add_memory_functions(PyObject* module);      // memory.cpp: the accounting,
 
 // ---------------------------------------------------------------- pinned host memory
 std::mutex g_pinned_mu;
-std::unordered_set<void*> g_pinned;
+std::unordered_map<void*, size_t> g_pinned;  // live pinned blocks and their sizes
+at::HostStats g_pinned_stats;               // (g_pinned_mu)
 
 void pinned_delete(void* ptr) {
   {
     std::lock_guard<std::mutex> lock(g_pinned_mu);
-    g_pinned.erase(ptr);
+    auto it = g_pinned.find(ptr);
+    if (it != g_pinned.end()) {
+      g_pinned_stats.active_requests.decrease(1);
+      g_pinned_stats.active_bytes.decrease(it->second);
+      g_pinned_stats.allocations.decrease(1);
+      g_pinned_stats.allocated_bytes.decrease(it->second);
+      ++g_pinned_stats.num_host_free;
+      g_pinned.erase(it);
+    }
   }
   std::free(ptr);
 }
 
 // Host memory the device copies from; on XLA:CPU nothing is faster than plain
 // aligned memory, but tensors must report is_pinned() and survive DataLoader workers.
-struct PinnedAllocator final : c10::Allocator {
+// It is torch's host allocator for tpu (torch.accelerator.empty_host_cache and
+// host_memory_stats ask it): no cache (every block is freed when its tensor dies), no
+// event to record (a copy from it is done when the copy returns).
+struct PinnedAllocator final : at::HostAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     void* ptr = nullptr;
     if (nbytes > 0) {
       ptr = std::aligned_alloc(64, ((nbytes + 63) / 64) * 64);
       TORCH_CHECK(ptr, "pinned allocation of ", nbytes, " bytes failed");
       std::lock_guard<std::mutex> lock(g_pinned_mu);
-      g_pinned.insert(ptr);
+      g_pinned.emplace(ptr, nbytes);
+      g_pinned_stats.active_requests.increase(1);
+      g_pinned_stats.active_bytes.increase(nbytes);
+      g_pinned_stats.allocations.increase(1);
+      g_pinned_stats.allocated_bytes.increase(nbytes);
+      ++g_pinned_stats.num_host_alloc;
     }
     return {ptr, ptr, &pinned_delete, c10::Device(c10::DeviceType::CPU)};
   }
@@ -115,8 +133,28 @@ struct PinnedAllocator final : c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    return g_pinned_stats;
+  }
+  void reset_accumulated_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    for (auto* st : {&g_pinned_stats.active_requests, &g_pinned_stats.active_bytes,
+                     &g_pinned_stats.allocations, &g_pinned_stats.allocated_bytes})
+      st->reset_accumulated();
+    g_pinned_stats.num_host_alloc = g_pinned_stats.num_host_free = 0;
+  }
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    for (auto* st : {&g_pinned_stats.active_requests, &g_pinned_stats.active_bytes,
+                     &g_pinned_stats.allocations, &g_pinned_stats.allocated_bytes})
+      st->reset_peak();
+  }
 };
 PinnedAllocator g_pinned_allocator;
+REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &g_pinned_allocator)
 
 // ---------------------------------------------------------------- generator
 struct TpuGeneratorImpl : public c10::GeneratorImpl {
@@ -386,6 +424,7 @@ void add_scan_graph_functions(PyObject* module);  // scan_graph.cpp: a compiled 
 void add_graph_functions(PyObject* module);  // graph.cpp: DeferAndFuse's Node, Lazy, record
 void add_kernel_functions(PyObject* module);  // kernel.cpp: OpKernel, LoopDetector
 void add_direct_functions(PyObject* module);  // direct.cpp: DirectCall
+void add_graph_impl(py::module_& m);  // graphs.cpp: torch.accelerator.Graph's tpu implementation
 
 }  // namespace torch_tpu
 
@@ -401,6 +440,7 @@ PYBIND11_MODULE(_C, m) {
   torch_tpu::add_direct_functions(m.ptr());
   torch_tpu::add_dispatch_functions(m.ptr());
   torch_tpu::add_memory_functions(m.ptr());  // memory.cpp
+  torch_tpu::add_graph_impl(m);
   m.attr("NATIVE_KERNELS") = py::tuple(py::cast(std::vector<std::string>(
       torch_tpu::native_kernels().begin(), torch_tpu::native_kernels().end())));
   m.def("default_generator", []() {

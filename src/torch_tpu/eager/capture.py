@@ -1,0 +1,388 @@
+"""Capture and replay: `torch.tpu.graph`, `torch.tpu.TPUGraph` and `torch.accelerator.Graph`.
+
+A CUDA graph records a region's kernels once and replays them with one launch. On an XLA
+device the natural form of that is one program: the region's ops are recorded as
+DeferAndFuse records them (a pending graph of nodes, csrc/graph.cpp), and `capture_end`
+makes the whole graph one XLA program, compiled once and held by the graph object (not by
+the program LRU, which could evict it). `replay` runs it on the buffers the captured
+tensors' storages hold at that moment and gives the results back to the storages it
+wrote: parameters and optimizer state updated in place, the static outputs refilled.
+Replay compiles nothing, reads nothing back, and makes one XLA call.
+
+As in CUDA:
+  - capture runs nothing: after `capture_end` the tensors the region wrote hold what they
+    held before it (parameters, optimizer state) or zeros (tensors it made), until a
+    replay. Warm up before capturing, as with CUDA graphs, so that lazily made state
+    (optimizer moments) exists outside the region.
+  - inputs are the captured tensors themselves: copy new data into them (`copy_`) before
+    a replay. Python numbers an op took (a learning rate) are fixed at capture.
+  - random ops draw anew at every replay: the default generator's offset advances by what
+    the region drew (`capture_end` gives back what capture drew), and a replay's draws
+    follow the generator's seed at that moment.
+  - an optimizer steps in a captured region only with `capturable=True` (its step count
+    on the device); torch checks that for CUDA only, so tpu checks it here.
+
+What capture cannot hold raises CaptureError naming the op and the user's line: a host
+sync (`.item()`, `.cpu()`, printing a tensor), an op whose result's shape depends on the
+data (`nonzero`), a CPU tensor read into the region, a compiled graph called inside it,
+a random op on a generator other than the default one, and an eager-mode switch. A replay
+refuses a captured storage whose size changed.
+
+Not kept from the eager modes: device-side asserts (an out-of-range index inside a
+captured region is clamped, not reported), and buffer donation (a replay holds the old and
+new values of what it updates until it returns: twice the parameters' and optimizer
+state's memory at that moment).
+"""
+from __future__ import annotations
+
+import gc
+import time
+
+import jax
+import torch
+
+from .. import _C, _frames, _on_import, _rng, _storage, metrics
+from .._C import Lazy
+from .._program_cache import op_entry
+from ..op import current
+from ..op.opcall import scan_fast
+from . import fuse
+from .defer import DeferExecutor
+from .modes import EagerMode
+
+_ATTR = _storage.ATTR
+# the flushes DeferAndFuse makes on its own (loops, size caps, step boundaries): a captured
+# region is one graph, whatever its size
+_OWN_FLUSHES = frozenset({"loop", "size_cap", "compile_guard", "backward", "optimizer_step"})
+_SYNCS = {"item": "reads a value on the host (.item(), a Python bool or number of a tensor)",
+          "to_cpu": "copies a tensor to the host",
+          "print": "prints a tensor (reads it on the host)",
+          "synchronize": "waits for the device (torch.tpu.synchronize)",
+          "data_dependent": "makes a tensor whose shape depends on the data",
+          "compiled_graph": "calls a torch.compile graph",
+          "collective": "runs a collective"}
+
+
+class CaptureError(RuntimeError):
+    """What a captured region cannot hold (the op and the user's line are in the message)."""
+
+
+class _Seed(int):
+    """A random op's seed, told apart from every other scalar of the region (flush_plan
+    passes each distinct object once): replay puts the generator's seed there."""
+
+
+class _Offset(int):
+    """A random op's offset (see _Seed): replay puts the generator's offset there."""
+
+
+_CAPTURING: list = []  # the graphs capturing now (one per thread at most)
+
+
+def _where() -> str:
+    return _frames.location(*_frames.user_line())
+
+
+class _Recorder(DeferExecutor):
+    """DeferAndFuse's recording for one capture: every op becomes a node of one graph, on
+    the Python path (C records for the DeferAndFuse executor only), noting each storage an
+    op touches with the buffer it held before the region: replay reads the storages whose
+    buffers the graph takes, and capture_end gives back what the region wrote."""
+
+    name = "capture"
+    __slots__ = ("before",)
+
+    def __init__(self):
+        super().__init__()
+        self.before = {}  # id(storage) -> (storage, its buffer before the region)
+
+    def execute(self, plan, vals):
+        with self.lock:
+            self._note(vals)
+            key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
+            entry = op_entry(plan, key, vals, False)
+            if entry.fn is None:
+                self.flush("data_dependent")
+            if plan.seeded:
+                self._check_generator(plan, vals)
+                dyns[-2:] = [_Seed(dyns[-2]), _Offset(dyns[-1])]
+            metrics.count("dispatches.capture")
+            return _C.record(self._open_graph(), entry, bufs, dyns, vals)
+
+    def _note(self, vals):
+        for v in vals:
+            if isinstance(v, (list, tuple)):
+                self._note(v)
+            elif isinstance(v, torch.Tensor) and v.device.type == "tpu":
+                self._note_storage(v.untyped_storage())
+
+    def _note_storage(self, st):
+        if id(st) in self.before:
+            return
+        rec = getattr(st, _ATTR, None)
+        if rec is None or type(rec[0]) is Lazy:  # made in the region
+            self.before[id(st)] = (st, None)
+            return
+        buf = rec[0]
+        if any(b is buf for _, b in self.before.values()):
+            # two storages share one buffer (small constants are shared: two zero
+            # biases): replay must read each from its own storage
+            buf = jax.numpy.array(buf, copy=True)
+            _storage.set_buffer(st, buf, rec[1], rec[2])
+        self.before[id(st)] = (st, buf)
+
+    def fill(self, storage, dtype, value) -> None:
+        self._note_storage(storage)
+        super().fill(storage, dtype, value)
+
+    def abandon(self) -> None:
+        """A region that raised: what it wrote holds what it held before it again."""
+        nodes, self.nodes = self.nodes, []
+        for st, buf in self.before.values():
+            rec = getattr(st, _ATTR, None)
+            if buf is not None and rec is not None and type(rec[0]) is Lazy:
+                _storage.set_buffer(st, buf, rec[1], rec[2])
+        for node in nodes:
+            for lazy in node.outs:
+                st = lazy.owner()
+                if st is not None and getattr(st, _ATTR, (None,))[0] is lazy:
+                    delattr(st, _ATTR)  # made in the region: zeros when next used
+        _C.release(nodes)
+
+    @staticmethod
+    def _check_generator(plan, vals):
+        for v in vals:
+            if isinstance(v, torch.Generator) and v is not _rng.default_generator():
+                raise CaptureError(
+                    f"{plan} (called at {_where()}) draws from a generator other than tpu's "
+                    f"default one inside a captured region: capture advances the default "
+                    f"generator only")
+
+    def _after_record(self, h):
+        pass  # no loop detection: the region is one graph
+
+    def flush(self, reason: str) -> None:
+        if reason in _OWN_FLUSHES:
+            return
+        what = _SYNCS.get(reason, f"needs its results now ({reason})")
+        raise CaptureError(
+            f"torch.tpu.graph capture: the code at {_where()} {what}; a captured region runs "
+            f"as one device program, without the host. Move it out of the region.")
+
+    def upload(self, storage, src) -> None:
+        raise CaptureError(
+            f"torch.tpu.graph capture: the code at {_where()} reads a CPU tensor into the "
+            f"region; a replay would not read it again. Copy it into a tpu tensor before the "
+            f"capture and use that tensor inside it.")
+
+    def graph(self, program, args):
+        raise CaptureError(
+            f"torch.tpu.graph capture: a torch.compile graph ({program.name}) is called at "
+            f"{_where()} inside a captured region; capture eager code, or use "
+            f"torch.compile(mode=\"reduce-overhead\")")
+
+
+class TPUGraph:
+    """torch.cuda.CUDAGraph's interface on tpu (see the module doc)."""
+
+    def __init__(self, keep_graph: bool = False):
+        self.keep_graph = keep_graph
+        self._reset()
+
+    def _reset(self):
+        self._recorder = None
+        self._token = None
+        self._lowered = None    # capture_end: the traced program, compiled by instantiate
+        self._compiled = None
+        self._inputs = ()       # the storages read, in the program's argument order
+        self._sizes = ()        # their sizes in bytes at capture
+        self._outputs = ()      # the storages written, in the program's result order
+        self._dyns = ()         # the region's scalars
+        self._rng = ()          # (index in _dyns, seed?, offset from the capture's first)
+        self._draws = 0         # offsets the region advances the generator by
+        self._base = 0
+        self._captured = False
+
+    # ------------------------------------------------------------ capture
+    def capture_begin(self, pool=None, capture_error_mode: str = "default") -> None:
+        if self._recorder is not None or self._captured:
+            raise CaptureError("TPUGraph.capture_begin: this graph already holds a capture; "
+                               "call reset() first")
+        if _CAPTURING:
+            raise CaptureError("TPUGraph.capture_begin: another capture is open")
+        current.flush_pending("capture")  # work from before the region runs as it was
+        self._recorder = _Recorder()
+        self._base = _rng.default_generator().get_offset()
+        self._token = current.enter(EagerMode.DEFER_AND_FUSE, self._recorder, True)
+        _CAPTURING.append(self)
+
+    def capture_end(self) -> None:
+        if self._recorder is None:
+            raise CaptureError("TPUGraph.capture_end without capture_begin")
+        rec, self._recorder = self._recorder, None
+        _CAPTURING.remove(self)
+        current.leave(self._token)
+        gen = _rng.default_generator()
+        self._draws = gen.get_offset() - self._base
+        gen.set_offset(self._base)  # capture draws nothing: each replay does
+        nodes, rec.nodes = rec.nodes, []
+        self._captured = True
+        if rec.paused_gc:
+            gc.enable()
+        if not nodes:
+            return
+        try:
+            self._plan(nodes, rec.before)
+        finally:
+            _C.release(nodes)
+        metrics.count("graphs.captured")
+        if not self.keep_graph:
+            self.instantiate()
+
+    def _plan(self, nodes, before):
+        key, ext, dyns, storages, _ = _C.flush_plan(nodes, False)
+        owner = {id(b): st for st, b in before.values() if b is not None}
+        inputs = []
+        for b in ext:
+            st = owner.get(id(b))
+            if st is None:
+                raise CaptureError("torch.tpu.graph capture: the region read a buffer that "
+                                   "belongs to no captured tensor")
+            inputs.append(st)
+        wiring, out_refs, dyn_slots, _, _ = fuse._decode(key)
+        body = fuse._build(nodes, wiring, out_refs, dyn_slots, len(ext))
+        body.__name__ = body.__qualname__ = f"captured_{len(nodes)}ops"
+        self._rng = tuple((j, type(d) is _Seed, int(d) - self._base)
+                          for j, d in enumerate(dyns) if type(d) in (_Seed, _Offset))
+        self._dyns = tuple(int(d) if type(d) in (_Seed, _Offset) else d for d in dyns)
+        self._inputs, self._outputs = tuple(inputs), tuple(storages)
+        self._sizes = tuple(st.nbytes() for st in inputs)
+        self._lowered = jax.jit(body).lower(*ext, *self._dyns)
+        # capture runs nothing: what the region wrote holds what it held before it (what
+        # it made: zeros)
+        for st in storages:
+            _, n, jdt = getattr(st, _ATTR)
+            buf = before.get(id(st), (None, None))[1]
+            _storage.set_buffer(st, _storage.zeros(n, jdt) if buf is None else buf, n, jdt)
+
+    def instantiate(self) -> None:
+        """Compile the captured program (capture_end does, unless keep_graph)."""
+        if self._lowered is None:
+            if not self._captured:
+                raise CaptureError("TPUGraph.instantiate: nothing was captured")
+            return
+        t0 = time.perf_counter()
+        self._compiled = self._lowered.compile()
+        self._lowered = None
+        metrics.compile_seconds[0] += time.perf_counter() - t0
+        metrics.count("graphs.compiled")
+
+    # ------------------------------------------------------------ replay
+    def replay(self) -> None:
+        if not self._captured:
+            raise CaptureError("TPUGraph.replay: nothing was captured")
+        if self._compiled is None and self._lowered is None:
+            return  # an empty region
+        if self._compiled is None:
+            self.instantiate()
+        current.flush_pending("graph_replay")  # pending writes to the inputs land first
+        args = []
+        for st, n in zip(self._inputs, self._sizes):
+            if st.nbytes() != n:
+                raise CaptureError(f"TPUGraph.replay: a captured tensor's storage was resized "
+                                   f"({n} -> {st.nbytes()} bytes) since the capture")
+            args.append(getattr(st, _ATTR)[0])
+        dyns = list(self._dyns)
+        if self._rng:
+            gen = _rng.default_generator()
+            seed = gen.initial_seed() & _rng.SEED_MASK
+            now = gen.get_offset()
+            for j, is_seed, rel in self._rng:
+                dyns[j] = seed if is_seed else (now + rel) & _rng.SEED_MASK
+            gen.set_offset(now + self._draws)
+        results = self._compiled(*args, *dyns)
+        _C.replace_buffers(list(self._outputs), None, results)
+        metrics.count("graphs.replays")
+
+    def _abandon(self) -> None:
+        rec, self._recorder = self._recorder, None
+        _CAPTURING.remove(self)
+        current.leave(self._token)
+        _rng.default_generator().set_offset(self._base)
+        rec.abandon()
+        if rec.paused_gc:
+            gc.enable()
+        self._reset()
+
+    def reset(self) -> None:
+        if self._recorder is not None:
+            raise CaptureError("TPUGraph.reset during a capture")
+        self._reset()
+
+    def pool(self) -> tuple:
+        """An opaque pool id (XLA allocates every buffer itself: pools mean nothing here)."""
+        return (0, id(self))
+
+    def enable_debug_mode(self) -> None:
+        pass
+
+    def debug_dump(self, path: str) -> None:
+        text = self._lowered.as_text() if self._lowered is not None else (
+            self._compiled.as_text() if self._compiled is not None else "")
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def is_current_stream_capturing() -> bool:
+    return bool(_CAPTURING)
+
+
+def graph_pool_handle() -> tuple:
+    return (0, 0)
+
+
+class graph:  # noqa: N801  (torch.cuda.graph)
+    """`with torch.tpu.graph(g):` captures the block into `g` (pool and stream are accepted
+    for torch.cuda.graph's signature; they mean nothing on tpu)."""
+
+    def __init__(self, tpu_graph: TPUGraph, pool=None, stream=None,
+                 capture_error_mode: str = "global"):
+        self.graph = tpu_graph
+
+    def __enter__(self):
+        torch.tpu.synchronize()
+        self.graph.capture_begin()
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None and self.graph._recorder is not None:
+            self.graph._abandon()  # the region failed: the process stays usable
+            return False
+        self.graph.capture_end()
+        return False
+
+
+def _check_capturable(optimizer, args, kwargs):
+    """torch's optimizers check `capturable` under CUDA capture only; tpu's check."""
+    if _CAPTURING and not all(g.get("capturable", False) for g in optimizer.param_groups):
+        raise CaptureError(
+            f"Attempting torch.tpu.graph capture of step() for an instance of "
+            f"{type(optimizer).__name__} but param_groups' capturable is False (at {_where()}). "
+            f"Construct it with capturable=True: its step count must live on the device.")
+
+
+def _hook_optimizer_steps():
+    import torch.optim.optimizer as optimizer
+
+    optimizer.register_optimizer_step_pre_hook(_check_capturable)
+
+
+# (torch.optim may still be loading when torch's device autoload imports torch_tpu)
+_on_import.when_imported("torch.optim.optimizer", _hook_optimizer_steps,
+                         lambda m: hasattr(m, "register_optimizer_step_pre_hook"))
+
+# torch.accelerator.Graph() on tpu makes a TPUGraph (csrc/graphs.cpp forwards to it)
+_C.set_graph_factory(lambda keep_graph: TPUGraph(keep_graph))
+
+# (CUDAGraph too: a script whose "cuda" became "tpu" still says torch.tpu.CUDAGraph)
+CUDAGraph = TPUGraph
+PUBLIC = ("TPUGraph", "CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing")

@@ -1,0 +1,195 @@
+"""Capture and replay (torch/eager/capture.py): `torch.tpu.graph` / `TPUGraph`, and
+`torch.accelerator.Graph` on tpu.
+
+The user's view first: PyTorch's documented CUDA-graph recipe (whole training step with a
+capturable AdamW, then a KV-cache decode step), written for CUDA and run with the device
+strings changed, equals the same script run eagerly on CPU and on tpu, in both eager
+modes, dropout included (replay draws as eager draws). Then what replay must not do
+(compile, read back, flush), counted; then what capture cannot hold, each a CaptureError
+naming the user's line, after which the process and the tensors are as before."""
+import pathlib
+
+import pytest
+import torch
+from torch import nn
+
+import torch_tpu
+from torch_tpu import metrics
+from torch_tpu.eager.capture import CaptureError
+
+from helpers.dist_launch import run_single, swap_cuda
+
+SCRIPT = pathlib.Path(__file__).parents[1] / "user_code" / "cuda_graphs.py"
+QUIET = {"TORCH_TPU_RECOMPILE_WARN": "0"}
+
+
+@pytest.fixture(scope="module")
+def cpu_run():
+    return run_single(SCRIPT, env={**QUIET, "FORCE_CPU": "1"}, timeout=300)[0]
+
+
+@pytest.fixture(scope="module")
+def tpu_script(tmp_path_factory):
+    return swap_cuda(SCRIPT, tmp_path_factory.mktemp("graphs") / "graphs_tpu.py")
+
+
+def _close(got, want, tol):
+    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"]),
+                               rtol=tol, atol=tol)
+    for a, b in zip(got["params"], want["params"]):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_documented_cuda_graph_recipe_matches_cpu(mode, cpu_run, tpu_script):
+    """The training step replayed over 6 batches, and 12 greedy tokens decoded by replays,
+    equal CPU eager's; the replays compile nothing."""
+    env = {**QUIET, **({"TORCH_TPU_DEFER_AND_FUSE": "1"} if mode == "defer_and_fuse" else {})}
+    got, out = run_single(tpu_script, env=env, timeout=300)
+    assert got["graphs"], out[-3000:]
+    _close(got, cpu_run, 1e-5)
+    assert got["tokens"] == cpu_run["tokens"]
+    assert got["train_built"] == 0 and got["decode_built"] == 0, got
+
+
+def test_replay_draws_random_numbers_as_eager_does(tpu_script):
+    """With dropout, each replay draws new masks, the ones eager draws for the same steps
+    (the default generator advances by what the region drew)."""
+    env = {**QUIET, "DROPOUT": "0.2"}
+    graphs, _ = run_single(tpu_script, env={**env, "GRAPHS": "1"}, timeout=300)
+    eager, _ = run_single(tpu_script, env={**env, "GRAPHS": "0"}, timeout=300)
+    _close(graphs, eager, 1e-6)
+    assert len(set(graphs["losses"])) == len(graphs["losses"])
+
+
+# ---------------------------------------------------------------- what replay costs
+def _decoder():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 50)).to("tpu")
+    tok = torch.tensor([3], device="tpu")
+    seen = torch.zeros(8, dtype=torch.long, device="tpu")
+    pos = torch.zeros(1, dtype=torch.long, device="tpu")
+
+    @torch.no_grad()
+    def step():
+        nxt = net(tok).argmax(-1)
+        seen.index_copy_(0, pos, nxt)
+        tok.copy_(nxt)
+        pos.add_(1)
+
+    return step, seen
+
+
+def test_replay_compiles_nothing_and_reads_nothing_back(eager):
+    step, seen = _decoder()
+    step()  # eager warm-up: the ops' programs
+    want = [seen[0].item()]
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        step()
+    before = metrics.counters.copy()
+    for _ in range(7):
+        g.replay()
+    grew = metrics.counters - before
+    assert grew["graphs.replays"] == 7
+    assert not any(k.startswith(("programs.", "flush.", "device_to_host", "host_to_device",
+                                 "cache_misses", "fused_graphs_compiled")) for k in grew), grew
+    got = seen.tolist()
+    # the eager step's token, then 7 more from replays (the greedy chain continued)
+    assert got[0] == want[0] and len(set(got)) >= 1
+    step2, seen2 = _decoder()
+    for _ in range(8):
+        step2()
+    assert got == seen2.tolist()
+
+
+def test_capture_runs_nothing_until_replay(eager):
+    w = torch.ones(4, device="tpu")
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        w.mul_(2)
+        out = w + 1
+    assert w.tolist() == [1.0] * 4 and out.tolist() == [0.0] * 4
+    g.replay()
+    assert w.tolist() == [2.0] * 4 and out.tolist() == [3.0] * 4
+    g.replay()
+    assert w.tolist() == [4.0] * 4 and out.tolist() == [5.0] * 4
+
+
+def test_accelerator_graph_is_the_tpu_graph():
+    x = torch.zeros(100, device="tpu")
+    g = torch.accelerator.Graph()
+    with g:  # synchronizes and empties the device and host caches first
+        x += 1
+    for _ in range(3):
+        g.replay()
+    assert x.sum().item() == 300.0
+    torch.accelerator.empty_host_cache()
+
+
+# ---------------------------------------------------------------- what capture cannot hold
+def _fails(fn, fragment):
+    g = torch.tpu.TPUGraph()
+    with pytest.raises(CaptureError, match=fragment) as err:
+        with torch.tpu.graph(g):
+            fn()
+    assert not torch.tpu.is_current_stream_capturing()
+    return str(err.value)
+
+
+def test_host_reads_inside_capture_name_the_line(eager):
+    w = torch.full((3,), 2.0, device="tpu")
+    msg = _fails(lambda: (w.mul_(3), (w * 2).sum().item()), "reads a value on the host")
+    assert f"{__file__}:" in msg
+    assert w.tolist() == [2.0] * 3  # the region's write was given back
+    _fails(lambda: print(w * 2), "prints a tensor")
+    _fails(lambda: (w * 2).cpu(), "copies a tensor to the host")
+    _fails(lambda: torch.nonzero(w), "depends on the data")
+    _fails(lambda: w.copy_(torch.ones(3)), "reads a CPU tensor")
+    _fails(lambda: torch.rand(3, device="tpu", generator=torch.Generator("tpu")),
+           "generator other than")
+    assert (w * 2).tolist() == [4.0] * 3  # the process goes on
+
+
+def test_optimizer_step_needs_capturable(eager):
+    lin = nn.Linear(4, 4).to("tpu")
+    opt = torch.optim.AdamW(lin.parameters())
+    x = torch.ones(2, 4, device="tpu")
+    lin(x).sum().backward()
+    opt.step()
+    before = lin.weight.detach().cpu()
+
+    def step():
+        lin(x).sum().backward()
+        opt.step()
+
+    _fails(step, "capturable is False")
+    torch.testing.assert_close(lin.weight.detach().cpu(), before)
+
+
+def test_replay_refuses_a_resized_input():
+    x = torch.ones(4, device="tpu")
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        y = x * 2
+    x.untyped_storage().resize_(8 * 4)
+    with pytest.raises(CaptureError, match="resized"):
+        g.replay()
+    del y
+
+
+def test_graph_lifecycle_errors():
+    g = torch.tpu.TPUGraph()
+    with pytest.raises(CaptureError, match="nothing was captured"):
+        g.replay()
+    x = torch.ones(2, device="tpu")
+    with torch.tpu.graph(g):
+        x.add_(1)
+    with pytest.raises(CaptureError, match="reset"):
+        g.capture_begin()
+    g.reset()
+    with torch.tpu.graph(g):
+        x.add_(2)
+    g.replay()
+    assert x.tolist() == [3.0, 3.0]
+    assert torch_tpu.get_eager_mode().value in ("strict", "defer_and_fuse")
