@@ -193,3 +193,64 @@ def test_graph_lifecycle_errors():
     g.replay()
     assert x.tolist() == [3.0, 3.0]
     assert torch_tpu.get_eager_mode().value in ("strict", "defer_and_fuse")
+
+
+def test_a_compiled_module_inside_the_region_replays_with_it():
+    """torch.compile(backend="tpu") graphs called warm inside a region become one node of
+    it (their constants held by the graph); dropout inside them draws anew per replay."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).to("tpu")
+    fn = torch.compile(net, backend="tpu")
+    x = torch.ones(4, 8, device="tpu")
+    fn(x)  # the first call traces and runs at once: outside the region
+    state = torch.tpu.get_rng_state()
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        y = fn(x) * 2
+    outs = []
+    for _ in range(3):
+        g.replay()
+        outs.append(y.cpu())
+    torch.tpu.set_rng_state(state)
+    want = [(fn(x) * 2).cpu() for _ in range(3)]
+    for a, b in zip(outs, want):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(outs[0], outs[1])
+
+
+def test_hf_llama_decode_step_over_a_static_cache_replays():
+    """An HF Llama's decode step over its StaticCache, captured: HF's host-side checks
+    (is_tracing) see the capture, as they see CUDA's, and replayed tokens equal eager's."""
+    from torch_tpu_tools.workloads import decoder
+    from transformers import StaticCache
+
+    base = decoder.build_model(decoder.DecoderSpec(pad=0)).eval()
+
+    def runner():
+        model = __import__("copy").deepcopy(base).to("tpu")
+        cache = StaticCache(config=model.config, max_cache_len=16)
+        tok = torch.tensor([[3]], device="tpu")
+        pos = torch.zeros(1, dtype=torch.long, device="tpu")
+        out = torch.zeros(16, dtype=torch.long, device="tpu")
+
+        @torch.no_grad()
+        def step():
+            logits = model(input_ids=tok, cache_position=pos, past_key_values=cache,
+                           use_cache=True).logits
+            nxt = logits[:, -1].argmax(-1)
+            out.index_copy_(0, pos, nxt)
+            tok.copy_(nxt.view(1, 1))
+            pos.add_(1)
+        return step, out
+
+    step, want = runner()
+    for _ in range(10):
+        step()
+    step, got = runner()
+    step()
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        step()
+    for _ in range(9):
+        g.replay()
+    assert got.tolist() == want.tolist()

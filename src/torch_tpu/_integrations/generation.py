@@ -290,7 +290,17 @@ def _generate(original):
     return generate
 
 
+def _capturing(original):
+    @functools.wraps(original)
+    def is_cuda_stream_capturing():
+        return original() or torch.tpu.is_current_stream_capturing()
+    return is_cuda_stream_capturing
+
+
 PATCHES = [
+    Patch("transformers.utils.import_utils:is_cuda_stream_capturing", "() -> bool", _capturing,
+          "HF skips its host-side checks (is_tracing) while CUDA or XPU captures a graph, "
+          "not while tpu does (torch.tpu.graph): they would sync inside the region"),
     Patch(f"{_MODULE}:GenerationMixin._sample",
           "(self: 'GenerativePreTrainedModel', input_ids: torch.LongTensor, "
           "logits_processor: transformers.generation.logits_process.LogitsProcessorList, "

@@ -24,8 +24,8 @@ As in CUDA:
 
 What capture cannot hold raises CaptureError naming the op and the user's line: a host
 sync (`.item()`, `.cpu()`, printing a tensor), an op whose result's shape depends on the
-data (`nonzero`), a CPU tensor read into the region, a compiled graph called inside it,
-a random op on a generator other than the default one, and an eager-mode switch. A replay
+data (`nonzero`), a CPU tensor read into the region, a compiled graph's first call (a
+torch.compile graph called warm is one node of the region), a random op on a generator other than the default one, and an eager-mode switch. A replay
 refuses a captured storage whose size changed.
 
 Not kept from the eager modes: device-side asserts (an out-of-range index inside a
@@ -53,13 +53,15 @@ from .modes import EagerMode
 _ATTR = _storage.ATTR
 # the flushes DeferAndFuse makes on its own (loops, size caps, step boundaries): a captured
 # region is one graph, whatever its size
-_OWN_FLUSHES = frozenset({"loop", "size_cap", "compile_guard", "backward", "optimizer_step"})
+_OWN_FLUSHES = frozenset({"loop", "size_cap", "compile_guard", "backward", "optimizer_step",
+                          "compiled_repeat"})
 _SYNCS = {"item": "reads a value on the host (.item(), a Python bool or number of a tensor)",
           "to_cpu": "copies a tensor to the host",
           "print": "prints a tensor (reads it on the host)",
           "synchronize": "waits for the device (torch.tpu.synchronize)",
           "data_dependent": "makes a tensor whose shape depends on the data",
-          "compiled_graph": "calls a torch.compile graph",
+          "compiled_graph": "calls a torch.compile graph for the first time (call it once "
+                            "before the capture: its first call traces and runs at once)",
           "collective": "runs a collective"}
 
 
@@ -170,16 +172,21 @@ class _Recorder(DeferExecutor):
             f"as one device program, without the host. Move it out of the region.")
 
     def upload(self, storage, src) -> None:
+        if src.numel() == 0:  # (HF's DynamicCache starts as torch.tensor([])): reads nothing
+            return super().upload(storage, src)
         raise CaptureError(
             f"torch.tpu.graph capture: the code at {_where()} reads a CPU tensor into the "
             f"region; a replay would not read it again. Copy it into a tpu tensor before the "
             f"capture and use that tensor inside it.")
 
     def graph(self, program, args):
-        raise CaptureError(
-            f"torch.tpu.graph capture: a torch.compile graph ({program.name}) is called at "
-            f"{_where()} inside a captured region; capture eager code, or use "
-            f"torch.compile(mode=\"reduce-overhead\")")
+        """A torch.compile graph's call: one node of the region (warmed up before it)."""
+        self._note(args)
+        out = super().graph(program, args)
+        if program.n_seeded:  # its random ops draw anew at each replay, as the region's
+            dyns = self.nodes[-1].dyns
+            dyns[-2:] = [_Seed(dyns[-2]), _Offset(dyns[-1])]
+        return out
 
 
 class TPUGraph:
@@ -194,7 +201,7 @@ class TPUGraph:
         self._token = None
         self._lowered = None    # capture_end: the traced program, compiled by instantiate
         self._compiled = None
-        self._inputs = ()       # the storages read, in the program's argument order
+        self._inputs = ()       # the storages read (or constants), in argument order
         self._sizes = ()        # their sizes in bytes at capture
         self._outputs = ()      # the storages written, in the program's result order
         self._dyns = ()         # the region's scalars
@@ -242,13 +249,8 @@ class TPUGraph:
     def _plan(self, nodes, before):
         key, ext, dyns, storages, _ = _C.flush_plan(nodes, False)
         owner = {id(b): st for st, b in before.values() if b is not None}
-        inputs = []
-        for b in ext:
-            st = owner.get(id(b))
-            if st is None:
-                raise CaptureError("torch.tpu.graph capture: the region read a buffer that "
-                                   "belongs to no captured tensor")
-            inputs.append(st)
+        # each input: the storage replay reads, or a compiled graph's constant (its own)
+        inputs = [owner.get(id(b), b) for b in ext]
         wiring, out_refs, dyn_slots, _, _ = fuse._decode(key)
         body = fuse._build(nodes, wiring, out_refs, dyn_slots, len(ext))
         body.__name__ = body.__qualname__ = f"captured_{len(nodes)}ops"
@@ -256,7 +258,8 @@ class TPUGraph:
                           for j, d in enumerate(dyns) if type(d) in (_Seed, _Offset))
         self._dyns = tuple(int(d) if type(d) in (_Seed, _Offset) else d for d in dyns)
         self._inputs, self._outputs = tuple(inputs), tuple(storages)
-        self._sizes = tuple(st.nbytes() for st in inputs)
+        self._sizes = tuple(x.nbytes() if isinstance(x, torch.UntypedStorage) else None
+                            for x in inputs)
         self._lowered = jax.jit(body).lower(*ext, *self._dyns)
         # capture runs nothing: what the region wrote holds what it held before it (what
         # it made: zeros)
@@ -287,11 +290,14 @@ class TPUGraph:
             self.instantiate()
         current.flush_pending("graph_replay")  # pending writes to the inputs land first
         args = []
-        for st, n in zip(self._inputs, self._sizes):
-            if st.nbytes() != n:
+        for x, n in zip(self._inputs, self._sizes):
+            if n is None:
+                args.append(x)
+                continue
+            if x.nbytes() != n:
                 raise CaptureError(f"TPUGraph.replay: a captured tensor's storage was resized "
-                                   f"({n} -> {st.nbytes()} bytes) since the capture")
-            args.append(getattr(st, _ATTR)[0])
+                                   f"({n} -> {x.nbytes()} bytes) since the capture")
+            args.append(getattr(x, _ATTR)[0])
         dyns = list(self._dyns)
         if self._rng:
             gen = _rng.default_generator()
