@@ -215,11 +215,16 @@ def _inductor_init(init):
     return __init__
 
 
+# mode="reduce-overhead" (inductor's triton.cudagraphs): one launch per graph call, which
+# every graph on tpu is already (docs/CAPTURE.md): nothing to warn about
+_KEPT_OPTIONS = {"triton.cudagraphs"}
+
+
 def _inductor_call(call):
     def __call__(self, model_, inputs_, *, config_patches=None):
         if not (_TPU_COMPILE and _on_tpu(model_, inputs_)):
             return call(self, model_, inputs_, config_patches=config_patches)
-        unused = sorted({**self.config, **(config_patches or {})})
+        unused = sorted(set({**self.config, **(config_patches or {})}) - _KEPT_OPTIONS)
         if unused and tuple(unused) not in _warned_options:
             _warned_options.add(tuple(unused))
             warnings.warn(f"torch_tpu: torch.compile's mode/options configure inductor; graphs "

@@ -254,3 +254,24 @@ def test_hf_llama_decode_step_over_a_static_cache_replays():
     for _ in range(9):
         g.replay()
     assert got.tolist() == want.tolist()
+
+
+def test_reduce_overhead_mode_runs_each_graph_as_one_program(recwarn):
+    """`torch.compile(mode="reduce-overhead")`, with the default backend or backend="tpu":
+    no warning that the mode is ignored, and each call of the compiled inference graph is
+    one XLA call of one cached program."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to("tpu").eval()
+    x = torch.randn(3, 8, device="tpu")
+    want = net(x).cpu()
+    for fn in (torch.compile(net, mode="reduce-overhead"),
+               torch.compile(net, backend="tpu", mode="reduce-overhead")):
+        with torch.no_grad():
+            fn(x)
+            before = metrics.counters.copy()
+            outs = [fn(x).cpu() for _ in range(3)]
+        grew = metrics.counters - before
+        assert grew["compile.calls"] == 3 and not any(k.startswith("programs.") for k in grew)
+        for o in outs:
+            torch.testing.assert_close(o, want)
+    assert not [w for w in recwarn if "mode/options" in str(w.message)]
