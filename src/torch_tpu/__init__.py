@@ -28,8 +28,11 @@ from .op.asserts import DeviceAssertError  # noqa: E402  (CUDA's device-side ass
 from .eager import modes as _modes  # noqa: E402
 from .eager import capture as _capture  # noqa: E402  (torch.tpu.graph, TPUGraph)
 
+from .eager.graphed import make_graphed_callables  # noqa: E402
+
 for _name in _capture.PUBLIC:
     setattr(torch_tpu_module, _name, getattr(_capture, _name))
+torch_tpu_module.make_graphed_callables = make_graphed_callables
 from . import _config  # noqa: E402
 
 _modes.init_from_env()

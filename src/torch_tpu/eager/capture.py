@@ -392,3 +392,4 @@ _C.set_graph_factory(lambda keep_graph: TPUGraph(keep_graph))
 # (CUDAGraph too: a script whose "cuda" became "tpu" still says torch.tpu.CUDAGraph)
 CUDAGraph = TPUGraph
 PUBLIC = ("TPUGraph", "CUDAGraph", "graph", "graph_pool_handle", "is_current_stream_capturing")
+# (and make_graphed_callables: eager/graphed.py, built on these)
