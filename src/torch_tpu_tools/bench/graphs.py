@@ -54,7 +54,8 @@ class Train:
         self.graph, self.losses, self.i = None, [], 0
         for _ in range(2):  # every variant alike: warm-up (AdamW's state exists after it)
             self._step()
-        if captured:
+        if captured:  # the recipe: gradients made inside the region, not accumulated
+            self.opt.zero_grad(set_to_none=True)
             self.graph = torch.tpu.TPUGraph()
             with torch.tpu.graph(self.graph):
                 self.loss = self._step(zero=False)
