@@ -93,7 +93,7 @@ class _Recorder(DeferExecutor):
     buffers the graph takes, and capture_end gives back what the region wrote."""
 
     name = "capture"
-    __slots__ = ("before",)
+    __slots__ = ("before", "held")
 
     def __init__(self):
         super().__init__()
@@ -101,6 +101,7 @@ class _Recorder(DeferExecutor):
         # storage alive at capture_end is one the graph writes (an output), and the
         # region's intermediates must not be
         self.before = {}
+        self.held = set()  # ids of those buffers (alive: `before` holds them)
 
     def execute(self, plan, vals):
         with self.lock:
@@ -131,12 +132,13 @@ class _Recorder(DeferExecutor):
             self.before[id(st)] = (weakref.ref(st), None)
             return
         buf = rec[0]
-        if any(b is buf for _, b in self.before.values()):
+        if id(buf) in self.held:
             # two storages share one buffer (small constants are shared: two zero
             # biases): replay must read each from its own storage
             buf = jax.numpy.array(buf, copy=True)
             _storage.set_buffer(st, buf, rec[1], rec[2])
         self.before[id(st)] = (weakref.ref(st), buf)
+        self.held.add(id(buf))
 
     def fill(self, storage, dtype, value) -> None:
         self._note_storage(storage)
