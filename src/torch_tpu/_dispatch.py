@@ -160,6 +160,8 @@ def _register_table():
                     _register(op, _out_kernel(op, functional), seen)
                 else:
                     _register(op, _kernel(plan_for(op)), seen)
+    for op, functional in registry.OUT_OF_COMPOSITE.items():
+        _register(op, _out_kernel(op, functional), seen)
 
 
 def register_op(op) -> None:

@@ -117,3 +117,20 @@ def test_orthogonal_polynomials(eager, name):
     assert_close(fn(0.25, n.to("tpu")), fn(0.25, n))  # a Scalar x
     k = torch.arange(5)
     assert_close(fn(k.to("tpu"), k.to("tpu")), fn(k, k))  # int inputs compute in float
+
+
+@pytest.mark.parametrize("fn", [torch.igamma, torch.igammac])
+def test_incomplete_gamma_boundaries(eager, fn):
+    """torch's boundary values, in its order: a or x negative, a = 0, x = 0, a or x inf."""
+    v = torch.tensor([0.0, -0.0, 0.25, 1.0, 3.0, 50.0, -1.0, float("inf"), -float("inf"),
+                      float("nan")], dtype=torch.float64)
+    a, x = torch.meshgrid(v, v, indexing="ij")
+    assert_close(fn(a.to("tpu"), x.to("tpu")), fn(a, x))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_polygamma_near_negative_half_integers(eager, n):
+    """The zeta's leading terms cancel for x < 0: CPU sums them in float64 (its
+    acc_type<float>), and float32 sums were 2e-4 off."""
+    x = torch.tensor([-2.4999818, -3.5000274, -3.4999759, -8.5000134, 0.3, 5.0])
+    assert_close(torch.polygamma(n, x.to("tpu")), torch.polygamma(n, x), atol=1e-6, rtol=1e-6)

@@ -177,3 +177,59 @@ def test_out_dtype_as_cpu(mode, case):
         assert isinstance(got, RuntimeError) and str(got) == str(want), got
     else:
         torch.testing.assert_close(got, want)
+
+
+
+def _batch_norm_out(d):
+    """_native_batch_norm_legit.out: the functional op writes the running stats too."""
+    x = torch.arange(30.0, device=d).view(2, 3, 5).sin()
+    stats = (torch.zeros(3, device=d), torch.ones(3, device=d))
+    outs = [torch.empty(0, device=d) for _ in range(3)]
+    torch.ops.aten._native_batch_norm_legit.out(x, None, None, *stats, True, 0.1, 1e-5,
+                                                out=outs[0], save_mean=outs[1], save_invstd=outs[2])
+    return (*outs, *stats)
+
+
+def _narrow_copy_out(d):
+    out = torch.empty(0, device=d)
+    torch.narrow_copy(torch.arange(12.0, device=d).view(3, 4), 1, -3, 2, out=out)
+    return (out,)
+
+
+def _eigvals_out(d):
+    out = torch.empty(5, dtype=torch.complex64, device=d)
+    torch.linalg.eigvals(torch.tensor([[2.0, 1.0], [-1.0, 3.0]], device=d), out=out)
+    return (out,)
+
+
+# out= variants whose functional op is composite or writes arguments of its own
+DERIVED = {"narrow_copy": _narrow_copy_out, "linalg.eigvals": _eigvals_out,
+           "_native_batch_norm_legit": _batch_norm_out}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", list(DERIVED))
+def test_out_of_composite_and_mutating_functionals(mode, case):
+    def user(dev):
+        return [t.cpu() for t in DERIVED[case](dev)]
+
+    want, cpu_warned = _run(user, "cpu")
+    with torch_tpu.eager_mode(mode):
+        got, tpu_warned = _run(user, "tpu")
+    torch.testing.assert_close(got, want)
+    assert [RESIZED in w for w in tpu_warned] == [RESIZED in w for w in cpu_warned]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_out_dtype_a_meta_kernel_refuses_and_cpu_accepts(mode):
+    """bernoulli.out into an int64 out: torch's Python meta kernel refuses the cast, CPU's
+    kernel draws 0s and 1s into it; CPU decides. (Random: the values are not CPU's.)"""
+    def user(dev):
+        out = torch.empty(64, dtype=torch.int64, device=dev)
+        r = torch.bernoulli(torch.full((64,), 0.5, device=dev), out=out)
+        return r is out, out.dtype, set(out.cpu().tolist()) <= {0, 1}
+
+    want, _ = _run(user, "cpu")
+    with torch_tpu.eager_mode(mode):
+        got, _ = _run(user, "tpu")
+    assert got == want == (True, torch.int64, True)

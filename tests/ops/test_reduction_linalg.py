@@ -465,15 +465,28 @@ def test_equal_and_what_uses_it(eager):
 
 @pytest.mark.parametrize("p,mode", [(0, None), (1, None), (2, "donot_use_mm_for_euclid_dist"),
                                     (2, "use_mm_for_euclid_dist"), (3, None), (0.5, None),
-                                    (float("inf"), None)])
+                                    (1.5, None), (float("inf"), None)])
 def test_cdist(eager, p, mode):
     a, b = sample(torch.float32, (2, 3, 4)), sample(torch.float32, (2, 5, 4), seed=1)
     b[0, 0] = a[0, 1]  # a zero distance: torch's gradient convention there is 0
+    b[1, 0, 0] = a[1, 0, 0]  # a zero difference: 0 too for p < 2
     kw = {} if mode is None else dict(compute_mode=mode)
     out, ref = run_both(lambda x, y: torch.cdist(x, y, p, **kw), a, b)
     assert_close(out, ref, atol=1e-3, rtol=1e-4)  # the product form cancels near 0
     if mode != "use_mm_for_euclid_dist":
         grads_match(lambda x, y: torch.cdist(x, y, p, **kw), a, b)
+
+
+@pytest.mark.parametrize("p", [0, 1, 1.5, 2, 10, float("inf")])
+def test_pdist(eager, p):
+    """Forward and gradient, with a zero distance and a zero coordinate difference (torch's
+    gradient convention: 0 there, where |diff| ** (p - 2) alone would be inf)."""
+    x = sample(torch.float32, (5, 4))
+    x[3] = x[1]
+    x[4, 0] = x[0, 0]
+    out, ref = run_both(lambda a: torch.nn.functional.pdist(a, p), x)
+    assert_close(out, ref)
+    grads_match(lambda a: torch.nn.functional.pdist(a, p), x)
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -488,6 +501,16 @@ def test_histc_matches_cpu(eager, kw):
     torch.manual_seed(0)
     x = torch.randint(0, 8, (64,)).float() if kw.get("max") == 7 else torch.randn(64)
     assert torch.equal(torch.histc(x.to("tpu"), **kw).cpu(), torch.histc(x, **kw))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64,
+                                   torch.int8, torch.uint8, torch.int64, torch.bool])
+@pytest.mark.parametrize("kw", [{}, {"dim": 1}, {"dim": [0], "keepdim": True}])
+def test_hash_tensor_matches_cpu_bit_for_bit(eager, dtype, kw):
+    x = (torch.randn(3, 4, generator=torch.Generator().manual_seed(0)) * 100).to(dtype)
+    if dtype.is_floating_point:
+        x[0, 0], x[1, 1] = float("nan"), float("-inf")
+    assert torch.equal(torch.hash_tensor(x.to("tpu"), **kw).cpu(), torch.hash_tensor(x, **kw))
 
 
 def test_two_norm_of_tiny_values_does_not_vanish(eager):

@@ -53,6 +53,20 @@ REFUSED = {
         _z(d, 3), torch.ones(3, dtype=torch.uint8, device=d), _z(d, 3)),
         "only supports boolean masks"),
     "foreach into expanded": (lambda d: torch._foreach_add_([_expanded(d)], 1.0), OVERLAP),
+    # an out= tensor that is also an input is never resized (TensorIterator's read-write
+    # operand; ldexp_ is mul.out into self)
+    "ldexp_ broadcasting self": (lambda d: _z(d, 5, 1).ldexp_(_z(d, 5, 5)),
+                                 "doesn't match the broadcast shape"),
+    "mul out= into its own input": (lambda d: (lambda x: torch.mul(x, _z(d, 5, 5), out=x))(
+        _z(d, 5, 1)), "doesn't match the broadcast shape"),
+    # checks of CPU's and CUDA's kernels that torch's meta kernels skip
+    "multinomial of integers": (lambda d: torch.multinomial(_long(d, 1, 2), 2),
+                                "multinomial only supports floating-point dtypes for input"),
+    "multinomial of no sample": (lambda d: torch.multinomial(_z(d, 3) + 1, 0),
+                                 "cannot sample n_sample <= 0 samples"),
+    "conv3d with negative padding": (lambda d: F.conv3d(_z(d, 1, 1, 4, 4, 4), _z(d, 1, 1, 2, 2, 2),
+                                                        padding=(-1,)),
+                                     "negative padding is not supported"),
     # a written tensor that shares elements with one the op reads (CPU decides which ops
     # refuse: TensorIterator a partial overlap, index_add_ and cross even a full one)
     "add_ of a shifted view": (lambda d: _views(d, lambda x: x[1:].add_(x[:-1])), PARTIAL),

@@ -101,7 +101,7 @@ def classes(self_i, target_i, ignore_i=None, class_dim=None):
         x = vals[self_i]
         dim = 0 if x.ndim == 1 else (class_dim if class_dim is not None else 1)
         dim = dim + x.ndim if dim < 0 else dim
-        c = x.shape[dim]
+        c = x.shape[dim] if x.ndim else 1  # a 0-dim input is one class (multi_margin_loss)
         ignore = vals[ignore_i] if ignore_i is not None else None
         return [Bound("target", vals[target_i], c, f"{c} classes", ignore=ignore, noun="target")]
     return spec

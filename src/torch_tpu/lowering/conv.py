@@ -87,6 +87,10 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
 @precision.sensitive
 def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                  groups):
+    # torch checks this in at::_convolution, below the op lowered here, and its meta kernel
+    # does not; lax.conv_general_dilated would crop
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported")
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
         out = out + to_opmath(bias).reshape((-1,) + (1,) * (out.ndim - 2))

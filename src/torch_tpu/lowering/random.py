@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._dtypes import scalar_type_name
 from .registry import aten, lowering
 
 
@@ -159,6 +160,14 @@ def _randperm(n, *, generator, dtype=None, layout=None, device=None, pin_memory=
 
 @lowering(aten.multinomial.default)
 def _multinomial(self, num_samples, replacement=False, *, generator):
+    # torch's meta kernel skips these checks of its CPU and CUDA kernels
+    if not jnp.issubdtype(self.dtype, jnp.floating):
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: "
+                           f"{scalar_type_name(self.dtype)}")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if self.shape[-1] > 2 ** 24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
     logits = jnp.log(self.astype(jnp.float32))
     if replacement:
         batch = logits.shape[:-1]

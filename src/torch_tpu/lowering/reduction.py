@@ -119,6 +119,17 @@ def _all(self, dim=None, keepdim=False):
     return jnp.all(self != 0, axis=_axes(self, dim, empty_means_all=False), keepdims=keepdim)
 
 
+@lowering(aten.hash_tensor.default)
+def _hash_tensor(self, dim=(), *, keepdim=False, mode=0):
+    # torch's one mode (0, the xor reduction): each element widened to its 64-bit type
+    # (float64, or int64 with sign extension), its bits read as uint64
+    if mode != 0:
+        raise RuntimeError(f"Unknown hash_tensor mode: {mode}")
+    wide = self.astype(jnp.float64 if jnp.issubdtype(self.dtype, jnp.floating) else jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    return jnp.bitwise_xor.reduce(bits, axis=_axes(self, dim), keepdims=keepdim)
+
+
 # ---------------------------------------------------------------- extrema
 # XLA's max/min reductions propagate NaN, as torch's do.
 @lowering(aten.amax.default, aten.max.default)

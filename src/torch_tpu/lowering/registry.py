@@ -90,9 +90,21 @@ def seeded(op, fn) -> bool:
     return torch.Tag.nondeterministic_seeded in op.tags and not getattr(fn, "never_draws", False)
 
 
+# out= variants whose functional op is a CompositeImplicitAutograd one (torch decomposes it
+# before any tpu kernel, so it has no lowering, and a lowering of it would take its
+# autograd away), while the out= variant has kernels of its own: the lowered op the
+# composite calls computes their values
+OUT_OF_COMPOSITE = {
+    aten.linalg_eigvals.out: aten._linalg_eigvals.default,
+}
+
+
 def functional_variant(op):
     """For an in-place (`add_`) or out= (`add.out`) overload, the functional overload whose
-    lowering computes its values; None when there is none."""
+    lowering computes its values; None when there is none. An out= variant's functional
+    may write arguments of its own (`_native_batch_norm_legit.out`: the running stats)."""
+    if op in OUT_OF_COMPOSITE:
+        return OUT_OF_COMPOSITE[op]
     schema = op._schema
     packet_name = op.overloadpacket.__name__
     ns = getattr(torch.ops, op.namespace)
@@ -120,7 +132,7 @@ def functional_variant(op):
             return candidate
     for name in base.overloads():
         cand = getattr(base, name)
-        if _mutates(cand):
+        if any(a.is_out for a in cand._schema.arguments) if is_out else _mutates(cand):
             continue
         args = [(a.name, str(a.type)) for a in cand._schema.arguments]
         # factory out= overloads (arange.start_out) lack the functional's TensorOptions

@@ -221,6 +221,13 @@ def _slice_copy(self, dim=0, start=None, end=None, step=1):
     return self[_slice(self.ndim, dim, start, end, step)]
 
 
+@lowering(aten.narrow_copy.default)
+def _narrow_copy(self, dim, start, length):
+    dim = _dim(dim, self.ndim)
+    start = start + self.shape[dim] if start < 0 else start  # the meta kernel checked range
+    return lax.slice_in_dim(self, start, start + length, axis=dim)
+
+
 @lowering(aten.select_copy.int)
 def _select_copy(self, dim, index):
     return self[_select(self.ndim, dim, index)]

@@ -30,8 +30,12 @@ def _xlog(log):
 def _zeta(x, q):
     """Hurwitz zeta with torch's domain rules (which JAX's zeta does not follow): inf at
     x == 1, NaN for x < 1, inf at the poles q = 0, -1, ..., NaN for other q <= 0 unless x
-    is an integer."""
+    is an integer. Narrower floats sum in float64, as torch's CPU kernel does (its
+    acc_type<float> is double): for q < 0 the leading terms cancel, and polygamma(4, x)
+    near x = -2.5 lost 4 digits in float32."""
     x, q = jnp.broadcast_arrays(x, q)
+    if q.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+        return _zeta(x.astype(jnp.float64), q.astype(jnp.float64)).astype(q.dtype)
 
     # JAX's series is only accurate for q > 0; like torch's loop, sum the leading terms
     # directly until q is past 1: zeta(x, q) = q ** -x + zeta(x, q + 1)
@@ -479,14 +483,29 @@ def _airy_ai(x):
     return jnp.where(jnp.isinf(x), jnp.nan, out)
 
 
+def _igamma(lower):
+    """The regularized incomplete gamma P (lower) or Q, with torch's boundary values
+    (calc_igamma/calc_igammac, SciPy's), tested in torch's order: where JAX's gives NaN
+    (P(0, x > 0), a = inf) or a value (x = inf with a = inf)."""
+    fn, at_inf, at_zero = (jsp.gammainc, 1, 0) if lower else (jsp.gammaincc, 0, 1)
+
+    def igamma(a, x):
+        out = jnp.where(jnp.isinf(x), at_inf, fn(a, x))
+        out = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), jnp.nan, at_zero), out)
+        out = jnp.where(x == 0, at_zero, out)
+        out = jnp.where(a == 0, jnp.where(x > 0, at_inf, jnp.nan), out)
+        return jnp.where((x < 0) | (a < 0), jnp.nan, out)
+    return igamma
+
+
 _BINARY = [
     ([aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other], _xlog(jnp.log)),
     ([aten.special_xlog1py.default, aten.special_xlog1py.self_scalar,
       aten.special_xlog1py.other_scalar], _xlog(jnp.log1p)),
     ([aten.special_zeta.default, aten.special_zeta.self_scalar,
       aten.special_zeta.other_scalar], _zeta),
-    ([aten.igamma.default], jsp.gammainc),
-    ([aten.igammac.default], jsp.gammaincc),
+    ([aten.igamma.default], _igamma(lower=True)),
+    ([aten.igammac.default], _igamma(lower=False)),
 ]
 for _ops, _fn in _BINARY:
     pointwise(*_ops, operands=2, int_to_float=True)(_fn)

@@ -510,7 +510,9 @@ def meta_run(plan, vals):
     margs = [_tree.to_meta(v) for v in vals]
     kw = {plan.names[i]: margs[i] for i in range(plan.npos, len(margs))}
     try:
-        return plan.op(*margs[:plan.npos], **kw)
+        meta = plan.op(*margs[:plan.npos], **kw)
+        fix = _META_FIXES.get(plan.op)
+        return meta if fix is None else fix(meta, vals)
     except NotImplementedError:
         return NotImplemented
     except (AttributeError, TypeError):
@@ -524,6 +526,28 @@ def meta_run(plan, vals):
         if "Meta" in msg and ("could not run" in msg.lower() or "no kernel" in msg.lower()):
             return NotImplemented
         raise
+
+
+def _one_frame_loss(reduction_i, target_dims):
+    """multi_margin_loss and multilabel_margin_loss with reduction='none' of one unbatched
+    frame (a target of fewer than `target_dims` dims): torch's Python meta kernel (its
+    decomposition, torch 2.13) makes the loss (1,), where CPU's and CUDA's kernels make it
+    0-dim (they resize it to {} unless the target is batched)."""
+    def fix(meta, vals):
+        if vals[reduction_i] != 0 or vals[1].dim() >= target_dims:
+            return meta
+        if isinstance(meta, tuple):
+            return (meta[0].reshape(()),) + meta[1:]
+        return meta.reshape(())
+    return fix
+
+
+# op -> fix(meta result, vals): where torch's meta kernel's shapes disagree with CPU's and
+# CUDA's kernels
+_META_FIXES = {
+    torch.ops.aten.multi_margin_loss.default: _one_frame_loss(5, 1),
+    torch.ops.aten.multilabel_margin_loss_forward.default: _one_frame_loss(2, 2),
+}
 
 
 def _layout(t):

@@ -285,16 +285,23 @@ _OUT_OK: set = set()  # dtype signatures whose out= meta kernel passed
 
 def check_out(op, functional, results, outs, args, kwargs) -> None:
     """An out= call's refusals, before its results are copied into `outs`: a written
-    tensor with overlapping elements, then TensorIterator's rule for pointwise ops (the
-    result dtype must cast to the out dtype, safely: float into long refuses), then the
-    out= overload's meta kernel, which holds the other ops' rules (mm, softmax, ...: the
-    exact dtype; sum: any), once per dtype signature."""
+    tensor with overlapping elements, then TensorIterator's rules for pointwise ops (an
+    out that is also an input keeps its shape; the result dtype must cast to the out
+    dtype, safely: float into long refuses), then the out= overload's meta kernel, which
+    holds the other ops' rules (mm, softmax, ...: the exact dtype; sum: any), once per
+    dtype signature; where that meta kernel refuses and CPU's kernel accepts, CPU decides."""
     for dst in outs:
         check_no_overlap(dst)
     if _shares_storage(outs, _inputs_of_out(op, args, kwargs)):
         _check_aliasing(op, args, kwargs)
     if torch.Tag.pointwise in functional.tags:
+        inputs = _inputs_of_out(op, args, kwargs)
         for src, dst in zip(results, outs):
+            # an out that is also an input is never resized (ldexp_ is mul.out into self)
+            if (isinstance(src, torch.Tensor) and src.shape != dst.shape
+                    and any(dst is t for t in inputs)):
+                raise RuntimeError(f"output with shape {list(dst.shape)} doesn't match the "
+                                   f"broadcast shape {list(src.shape)}")
             if isinstance(src, torch.Tensor) and not torch.can_cast(src.dtype, dst.dtype):
                 raise RuntimeError(
                     f"result type {scalar_type_name(src.dtype)} can't be cast to the desired "
@@ -311,10 +318,14 @@ def check_out(op, functional, results, outs, args, kwargs) -> None:
     except NotImplementedError:  # no meta kernel: no verdict
         metrics.count("out_meta_unchecked")
     except RuntimeError as e:
-        cpu = cpu_verdict(op, args, kwargs, scalars=True)
-        if cpu is None:
+        ran: list = []
+        cpu = cpu_verdict(op, args, kwargs, scalars=True, ran=ran)
+        if cpu is not None:
+            raise cpu from e
+        if not ran:
             raise
-        raise cpu from e
+        # a Python meta kernel stricter than CPU's kernel (bernoulli.out into an int64
+        # out): CPU accepts the call, so tpu does, casting the results into the out
     except Exception:  # noqa: BLE001 - a Python meta kernel that breaks: no verdict
         metrics.count("out_meta_unchecked")
     if any(isinstance(src, torch.Tensor) and src.dtype != dst.dtype
@@ -359,14 +370,14 @@ _ALIAS_OK: set = set()  # aliasing signatures CPU accepted
 _OUT_NAMES: dict = {}
 
 
-def cpu_verdict(op, args, kwargs, limit=None, scalars=False):
+def cpu_verdict(op, args, kwargs, limit=None, scalars=False, ran=None):
     """What CPU raises for `op(*args, **kwargs)` run on stand-ins (host tensors of the
     same shapes, strides, offsets and dtypes, views of one host storage where the tpu
     tensors share one, zeros; a fresh generator): the exception, or None where CPU accepts
     the call, has no kernel for it, or (`limit`) its stand-ins would take more bytes.
     `scalars`: 0-dim tensors carry their values (a refusal that depends on a value, such
     as masked_fill's of a complex value into integers; it reads the device, so only on the
-    way to raising)."""
+    way to raising). `ran`: a list that gets True when CPU ran the call and accepted it."""
     storages: dict = {}  # id of a tpu storage -> (that storage, its host stand-in)
     # id of a tpu tensor -> (it, its stand-in): a tensor passed twice is one tensor on CPU
     # too (cat((x, y), out=x) resizes the input x with the out)
@@ -415,6 +426,8 @@ def cpu_verdict(op, args, kwargs, limit=None, scalars=False):
         return None if _NO_CPU_KERNEL in str(e) else e
     except Exception as e:  # noqa: BLE001 - CPU's refusal is the verdict, whatever its class
         return e
+    if ran is not None:
+        ran.append(True)
     return None
 
 
