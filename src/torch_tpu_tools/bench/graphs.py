@@ -168,7 +168,7 @@ def main(args) -> int:
 
     with common.progress(2 * args.rounds, "bench graphs") as bar:
         tpu = _run("tpu", args.rounds, bar)
-    body = _report(tpu, cpu)
+    body = _report(tpu, cpu, args.out)
     print(body)
     if not args.no_write:
         common.publish(args.out, "graphs", "Capture and replay: torch.tpu.graph against the eager "
@@ -176,7 +176,7 @@ def main(args) -> int:
     return 0
 
 
-def _report(tpu: dict, cpu: dict) -> str:
+def _report(tpu: dict, cpu: dict, out=None) -> str:
     rows, targets = [], []
     for kind, (_, spec, units) in WORKLOADS.items():
         rate = {n: units / r["warm"] for n, r in {**tpu[kind], **cpu[kind]}.items()}
@@ -201,10 +201,8 @@ def _report(tpu: dict, cpu: dict) -> str:
         ["workload", "variant", "block ms (median)", "tokens/s", "vs CPU eager", "vs Strict",
          "first block s", "captured vs Strict, first block's max diff"], rows)
     return "\n\n".join([
-        f"Produced by `{common.command_line()}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.  \n{common.environment_line()}.",
         f"train: Llama hidden {TRAIN_SPEC.hidden}, {TRAIN_SPEC.layers} layers, batch "
         f"{TRAIN_SPEC.batch} x {TRAIN_SPEC.seq}, AdamW; blocks of {STEPS} steps, `loss.item()` each, "
         f"after 2 warm-up steps. decode: Llama hidden {DECODE_SPEC.hidden}, {DECODE_SPEC.layers} "
         f"layers, batch 1; blocks of {TOKENS} greedy tokens over a StaticCache of {CACHE}.",
-        table, "Targets (issue 34):\n" + "\n".join(targets)])
+        table, "Targets (issue 34):\n" + "\n".join(targets), common.notes(out, "graphs") if out else ""])
