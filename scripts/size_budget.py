@@ -17,8 +17,10 @@ NEAR = 50
 SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
 # Set when the tools moved out of the runtime (issue 30): 21.6k and 6.6k lines then, so
 # about 15% headroom each. The tools' raised to 8.4k with the conformance harness (issue
-# 33, validation/conformance.py: ~500 lines of checks the issue asks for), 7.7k then.
-BUDGETS = {"torch_tpu": 24_800, "torch_tpu_tools": 8_400}
+# 33, validation/conformance.py: ~500 lines of checks the issue asks for), 7.7k then; to
+# 9.4k with the torchtitan client (issue 32, validation/torchtitan*.py: ~620 lines) and
+# bench graphs (issue 34, ~210 lines), 8.8k then.
+BUDGETS = {"torch_tpu": 24_800, "torch_tpu_tools": 9_400}
 SUFFIXES = {".py", ".cpp", ".h"}
 
 

@@ -2,18 +2,21 @@
 # Set up (idempotent), then run the test suite. Arguments go to pytest, e.g.
 # `bash scripts/test.sh -k add -x`, or `bash scripts/test.sh tests/tools/test_cli.py` to run
 # only the paths given. `--fast` (the edit loop, a few minutes) leaves out the tests
-# marked slow or distributed (pyproject.toml); CI runs everything, on two pytest workers
+# marked slow or distributed (pyproject.toml); CI runs everything else, on two pytest workers
 # (pytest-xdist; a later `-n 0` of the caller runs it in one process). "No tests collected"
 # (pytest's exit code 5) counts as success; every other failure is the script's exit code.
+# The tests marked torchtitan (their own environment, scripts/torchtitan.sh) are always
+# left out unless the caller's own -m asks for them: `bash scripts/torchtitan.sh --test`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 targets=(tests)
 args=()
+marker="not torchtitan"  # a later -m of the caller wins
 for arg in "$@"; do
     if [ "$arg" = "--fast" ]; then
-        args=(-m "not slow and not distributed" "${args[@]}")  # a later -m of the caller wins
+        marker="not slow and not distributed and not torchtitan"
         continue
     fi
     if [ -e "${arg%%::*}" ]; then targets=(); fi  # the caller named test paths
@@ -25,7 +28,7 @@ done
 workers=()
 if [ "${targets[*]-}" = "tests" ]; then workers=(-n 2); fi
 rc=0
-"$ROOT/.venv/bin/python" -m pytest -q --durations=30 "${workers[@]}" "${targets[@]}" "${args[@]}" || rc=$?
+"$ROOT/.venv/bin/python" -m pytest -q --durations=30 "${workers[@]}" "${targets[@]}" -m "$marker" "${args[@]}" || rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "test.sh: pytest collected no tests" >&2
     rc=0

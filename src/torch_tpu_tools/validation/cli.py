@@ -1,4 +1,4 @@
-"""`python -m torch_tpu validate ops|models|report`.
+"""`python -m torch_tpu validate ops|models|conformance|torchtitan|report`.
 
 A run may cover a chunk (`--ops`, `--types`, `--shard I/N`): its results merge into
 OUT/validation/<kind>-<mode>.json (`--out`, default ./docs), and the reports
@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from ..bench import common
-from . import _env
+from . import _env, torchtitan
 from .conformance import MODES as CONFORMANCE_MODES
 
 MODES = ("strict", "debug", "defer_and_fuse")
@@ -22,7 +22,8 @@ HELP = "sweeps on tpu vs CPU: validate ops|models|report (OUT/VALIDATION.md)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="what", metavar="ops|models|conformance|report", required=True)
+    sub = p.add_subparsers(dest="what", metavar="ops|models|conformance|torchtitan|report",
+                           required=True)
     o = sub.add_parser("ops", help="the OpInfo sweep: every op of op_db, tpu vs CPU")
     o.add_argument("--mode", choices=MODES, default="strict")
     o.add_argument("--dtype", default="float32,bfloat16,int64,bool",
@@ -44,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--families", default="", help="comma-separated families (default: all)")
     c.add_argument("--ops", default="", help="comma-separated op_db names (default: all)")
     _common(c, timeout=300)
+    torchtitan.add_arguments(sub.add_parser("torchtitan", help=torchtitan.HELP + " "
+                                            "(docs/TORCHTITAN.md; scripts/torchtitan.sh)"))
     r = sub.add_parser("report", help="rewrite OUT/VALIDATION.md, the plot and the expected "
                                       "failures from the stored results")
     r.add_argument("--mode", choices=MODES, default="strict")
@@ -80,7 +83,7 @@ def main(args) -> int:
     import torch_tpu  # noqa: F401  (registers the device)
 
     return {"ops": _ops, "models": _models, "conformance": _conformance,
-            "report": _report}[args.what](args)
+            "torchtitan": torchtitan.main, "report": _report}[args.what](args)
 
 
 def _ops(args) -> int:
