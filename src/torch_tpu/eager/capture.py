@@ -235,16 +235,9 @@ class TPUGraph:
     def capture_end(self) -> None:
         if self._recorder is None:
             raise CaptureError("TPUGraph.capture_end without capture_begin")
-        rec, self._recorder = self._recorder, None
-        _CAPTURING.remove(self)
-        current.leave(self._token)
-        gen = _rng.default_generator()
-        self._draws = gen.get_offset() - self._base
-        gen.set_offset(self._base)  # capture draws nothing: each replay does
+        rec = self._close()
         nodes, rec.nodes = rec.nodes, []
         self._captured = True
-        if rec.paused_gc:
-            gc.enable()
         if not nodes:
             return
         try:
@@ -328,14 +321,21 @@ class TPUGraph:
         _C.replace_buffers(list(self._outputs), None, results)
         metrics.count("graphs.replays")
 
-    def _abandon(self) -> None:
+    def _close(self):
+        """Leave the capture (ended or failed) -> its recorder; the generator goes back to
+        where capture found it, having counted the region's draws."""
         rec, self._recorder = self._recorder, None
         _CAPTURING.remove(self)
         current.leave(self._token)
-        _rng.default_generator().set_offset(self._base)
-        rec.abandon()
+        gen = _rng.default_generator()
+        self._draws = gen.get_offset() - self._base
+        gen.set_offset(self._base)  # capture draws nothing: each replay does
         if rec.paused_gc:
             gc.enable()
+        return rec
+
+    def _abandon(self) -> None:
+        self._close().abandon()
         self._reset()
 
     def reset(self) -> None:

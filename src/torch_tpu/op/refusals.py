@@ -292,10 +292,10 @@ def check_out(op, functional, results, outs, args, kwargs) -> None:
     dtype signature; where that meta kernel refuses and CPU's kernel accepts, CPU decides."""
     for dst in outs:
         check_no_overlap(dst)
-    if _shares_storage(outs, _inputs_of_out(op, args, kwargs)):
+    inputs = _inputs_of_out(op, args, kwargs)
+    if _shares_storage(outs, inputs):
         _check_aliasing(op, args, kwargs)
     if torch.Tag.pointwise in functional.tags:
-        inputs = _inputs_of_out(op, args, kwargs)
         for src, dst in zip(results, outs):
             # an out that is also an input is never resized (ldexp_ is mul.out into self)
             if (isinstance(src, torch.Tensor) and src.shape != dst.shape
