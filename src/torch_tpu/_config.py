@@ -171,6 +171,10 @@ _DECLARED = [
             "Once this process uses tpu, HF's padding collators (`DataCollatorWithPadding`, "
             "`...ForSeq2Seq`, `...ForLanguageModeling`, `...ForTokenClassification`) pad each "
             "batch with an attention mask to its bucket, in any loop; 0: as they pad"),
+    Setting("TORCH_TPU_CAPACITY", "bool", True, IMPORT,
+            "a tensor a loop grows a step at a time (`torch.cat` of each new token, "
+            "`torch.arange(0, t)`) is held at its length's bucket, and row-wise ops on it run "
+            "at that capacity: one program set per bucket (op/capacity.py); 0: per length"),
     Setting("TORCH_TPU_BUCKETED_GENERATE", "bool", True, PER_OP,
             "HF `generate()` on tpu decodes at a bucketed capacity (one program set per "
             "bucket, not per token); 0 runs transformers' own loop"),

@@ -61,7 +61,7 @@ from .. import _C, _frames, _on_import, _runtime, _storage, metrics
 from .._program_cache import op_entry
 from . import fuse
 from .._C import Lazy, Node
-from ..op import current
+from ..op import capacity, current
 from ..op.opcall import Entry, device_scalar, run_eager, scan_fast
 from .strict import new_tensor
 
@@ -120,6 +120,9 @@ class DeferExecutor:
     def execute(self, plan, vals):
         # The ops' kernels (csrc/kernel.cpp) do this in C when the entry is cached and
         # scan_fast covers the call, and come here for everything else.
+        held = capacity.route(self.execute, plan, vals)  # a growing tensor's call
+        if held is not capacity.PASS:
+            return held
         with self.lock:
             while True:
                 nodes = self.nodes

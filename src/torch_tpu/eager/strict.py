@@ -11,7 +11,7 @@ import jax
 
 from .. import _C, _runtime, _storage, metrics
 from .._program_cache import op_entry
-from ..op import asserts
+from ..op import asserts, capacity
 from ..op.opcall import run_eager, scan_fast
 
 _COUNTERS = metrics.counters
@@ -95,6 +95,9 @@ class StrictExecutor:
         _storage.set_buffer(storage, _runtime.to_device(src))
 
     def execute(self, plan, vals):
+        held = capacity.route(self.execute, plan, vals)  # a growing tensor's call
+        if held is not capacity.PASS:
+            return held
         key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
         # the cached entry, or a new one (bounded LRU, precision, cache-only: _program_cache)
         entry = op_entry(plan, key, vals, True)
