@@ -226,10 +226,13 @@ def _grows(seen) -> bool:
 def _remedy(seen: dict) -> str:
     if any(_grows(v) for v in seen.values()):
         return ("Remedy: a tensor that grows step by step (a `torch.cat` of each new token) "
-                "compiles every op it meets at every length: keep it in a buffer of fixed "
-                "capacity and compute on slices of a few bucketed lengths, reading results at "
-                "the true length (padding at the end moves what the last position is); "
-                "HF `generate()` does this already, and its static cache compiles once.")
+                "is held at its length's bucket when it grows along its outermost dimension "
+                "that is not of size 1 (a batch of 1), and row-wise ops on it (pointwise, "
+                "linear, layer norm, embedding, causal attention) compile per bucket; this op "
+                "met it otherwise (another dimension, or an op that reads across the length: "
+                "docs/DYNAMIC_SHAPES.md, \"Growing tensors\"). Keep such a tensor in a buffer "
+                "of fixed capacity and read results at the true length (padding at the end "
+                "moves what the last position is); HF `generate()` does this already.")
     return ("Remedy: pad that dimension to a few fixed sizes, masking the padding, so a few "
             "programs serve every size: for HF batches, a collator's `pad_to_multiple_of=64` "
             "(`DataCollatorWithPadding(tokenizer, pad_to_multiple_of=64)`, and Trainer's "

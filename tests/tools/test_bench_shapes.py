@@ -71,8 +71,8 @@ def test_quick_bench_fills_every_cell():
 
 
 def test_clients_targets_read_the_results():
-    """The client rows' targets: a projection of generate's growth from 16 and 32 tokens
-    (linear growth: 7.7x, a miss), ratios against the padded run and CPU's warm step."""
+    """The client rows' targets: generate's programs and compile seconds at 128 tokens
+    against 16, ratios against the padded run and CPU's warm step."""
     from torch_tpu_tools.bench import shapes_clients as sc
 
     res = {"trainer": {"cpu": {"first_s": 0.1, "warm_s": 0.01, "wall_s": 1.0},
@@ -81,13 +81,13 @@ def test_clients_targets_read_the_results():
            "trainer_max": {"cpu": {"wall_s": 1.0}, "strict": {"wall_s": 10.0}},
            "generate16": {"cpu": {"first_s": 0.02}, "strict": {"first_s": 20.0,
                                                                "programs": 233, "compile_s": 19.0}},
-           "generate32": {"cpu": {"first_s": 0.04}, "strict": {"first_s": 38.0,
-                                                               "programs": 457, "compile_s": 36.0}},
+           "generate128": {"cpu": {"first_s": 0.3}, "strict": {"first_s": 38.0,
+                                                                "programs": 466, "compile_s": 38.0}},
            "first_step": {"cpu": {"first_s": 0.03},
                           "strict": {"error": "the child process ran past 240 s"}}}
     text = sc.render(res, ["cpu", "strict"], 1.0)
     assert "wall time: **1.20x** (≤ 1.5x" in text and "second epoch: 0" in text
-    assert "programs **7.73x** (miss)" in text and "measured at 32: **1.96x**" in text
+    assert "programs **2.00x** (466 against 233)" in text and "seconds **2.00x** (38.00" in text
     assert "(the child process ran past 240 s)" in text and "(≤ 3 s: n/a)" in text
     assert _rows(text, "trainer")[0][1:4] == ["0.10", "5.00", "**50.00x**"]
 

@@ -5,6 +5,10 @@ on CUDA), `torch.compile(model)` with no arguments, a few training steps, then s
 with `generate` (top_k=1, so the sampled tokens are the argmax and comparable across
 devices).
 
+Knobs for sampling alone (tests/modes/test_growing.py): MAX_ITERS=0 skips training,
+BLOCK_SIZE sets the context, SAMPLE_TOKENS how many tokens `generate` samples (its `idx`
+grows by one each, with `torch.cat`).
+
 tests/compile/test_default_compile.py runs it after a whole-file `s/cuda/tpu/g` (the only edit),
 and as written with FORCE_CPU=1 COMPILE=0 for the CPU eager reference. It prints one line,
 "RESULT {json}".
@@ -23,7 +27,7 @@ from torch.nn import functional as F
 
 @dataclass
 class GPTConfig:
-    block_size: int = 16
+    block_size: int = int(os.environ.get("BLOCK_SIZE", "16"))
     vocab_size: int = 64
     n_layer: int = 2
     n_head: int = 2
@@ -212,14 +216,28 @@ for it in range(max_iters):
     step_ms.append((time.perf_counter() - t0) * 1000)
 
 # ---------------------------------------------------------------- sample.py
+def programs():
+    """The XLA programs this process built so far (0 on CPU)."""
+    if device == "cpu":
+        return 0
+    from torch_tpu import metrics
+    c = metrics.as_dict()["counters"]
+    return sum(c.get(k, 0) for k in ("op_entries", "fused_graphs_compiled", "compile.executables"))
+
+
 model.eval()
 start = torch.tensor([[1, 4, 13]], dtype=torch.long, device=device)
 with torch.no_grad():
     last_logits, _ = model(start)  # the compiled model's inference graph
-    y = model.generate(start, max_new_tokens=6, temperature=0.8, top_k=1)
+    before = programs()
+    t0 = time.perf_counter()
+    y = model.generate(start, max_new_tokens=int(os.environ.get("SAMPLE_TOKENS", "6")),
+                       temperature=0.8, top_k=1)
+    sample = y[0].tolist()
+    sample_s = time.perf_counter() - t0
 
 print("RESULT " + json.dumps({
-    "rank": int(os.environ.get("RANK", "0")), "device": str(loss.device), "losses": losses,
-    "sample": y[0].tolist(),
+    "rank": int(os.environ.get("RANK", "0")), "device": str(last_logits.device),
+    "losses": losses, "sample": sample,
     "sample_device": str(y.device), "last_logits": last_logits[0, -1].tolist(),
-    "step_ms": step_ms}))
+    "sample_programs": programs() - before, "sample_s": sample_s, "step_ms": step_ms}))

@@ -8,7 +8,7 @@
               manual fix): the reference the bucketed run is held against;
   grpo        TRL's GRPOTrainer on a tiny Llama, completions of up to 6 tokens that end at
               their own lengths, 6 steps;
-  generate16, generate32
+  generate16, generate128
               nanoGPT's `generate` (a model call on the last block of tokens, top-k,
               `torch.multinomial`, `torch.cat` of the new token: no host sync) of 16 or 32
               tokens from an 8-token prompt, on the GPT of workloads/gpt.py;
@@ -34,7 +34,7 @@ import time
 
 from . import offline
 
-NAMES = ("trainer", "trainer_max", "grpo", "generate16", "generate32", "first_step")
+NAMES = ("trainer", "trainer_max", "grpo", "generate16", "generate128", "first_step")
 
 
 def _programs() -> int:
