@@ -217,12 +217,12 @@ for it in range(max_iters):
 
 # ---------------------------------------------------------------- sample.py
 def programs():
-    """The XLA programs this process built so far (0 on CPU)."""
+    """The XLA programs this process built so far, compiled or read from the disk cache
+    (0 on CPU)."""
     if device == "cpu":
         return 0
-    from torch_tpu import metrics
-    c = metrics.as_dict()["counters"]
-    return sum(c.get(k, 0) for k in ("op_entries", "fused_graphs_compiled", "compile.executables"))
+    kinds = torch.cuda.compile_cache_stats(programs=False, disk=False)["kinds"]
+    return sum(k["xla_compiles"] + k["disk_hits"] for k in kinds.values())
 
 
 model.eval()
