@@ -159,10 +159,11 @@ def cpu_run() -> dict:
 
 
 # TRL's completion-length metrics (grpo_trainer.py: the lengths of the completions that
-# ended, picked by a boolean mask: a vector whose size is data) are the only programs a
-# step may still compile: a few tiny ones per new count of ended completions
-TRL_METRIC_OPS = {"aten.index_put_.default", "aten._to_copy.default", "aten.copy_.default",
-                  "aten.mean.default", "aten.min.default", "aten.max.default"}
+# ended, picked by a boolean mask: a vector whose size is data) are held at the mask's
+# length (op/lengths.py), so no step compiles for a new count of ended completions. What a
+# later step may still build, once: the metrics of TRL's fallback when none ended (a
+# `torch.zeros(1)` in their place), a shape of its own
+EMPTY_FALLBACK = {"aten.mean.default", "aten.min.default", "aten.max.default"}
 
 
 def test_grpo_trainer_trains_like_on_cpu(cpu_run):
@@ -189,7 +190,7 @@ def check_programs(got: dict, cpu_run: dict) -> None:
     for step in range(2, STEPS):
         before, after = (collections.Counter(got["programs"][i]) for i in (step - 1, step))
         new = sorted((after - before).elements())
-        assert set(new) <= TRL_METRIC_OPS and len(new) <= 5, (step + 1, new)
+        assert set(new) <= EMPTY_FALLBACK and len(new) <= 3, (step + 1, new)
 
 
 @pytest.mark.distributed

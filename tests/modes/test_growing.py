@@ -55,3 +55,20 @@ def test_without_capacity_each_length_compiles(tmp_path):
     held = _run(script, {"SAMPLE_TOKENS": "16"})
     assert short["sample"] == held["sample"]
     assert short["sample_programs"] > 2 * held["sample_programs"], (short, held)
+
+
+MASKED = pathlib.Path(__file__).parents[1] / "user_code" / "masked_lengths.py"
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_masked_selections_compile_once_not_per_count(mode, tmp_path):
+    """A vector picked by a boolean mask is held at the mask's length (op/lengths.py): its
+    `.float()`, mean, min, max and sum, and `x[mask] = selection`, build programs at the
+    first step only, whatever the count; the values are CPU's."""
+    want = _run(MASKED, {"FORCE_CPU": "1"})
+    got = _run(swap_cuda(MASKED, tmp_path / "masked_tpu.py"), MODES[mode])
+    assert got["logged"] == want["logged"]
+    assert len({row[0] for row in got["logged"]}) > 3  # the counts did vary
+    assert got["programs"][0] > 0 and got["programs"][2:] == [0] * (len(got["programs"]) - 2), got["programs"]
+    for key in ("head", "picked", "out", "grad"):
+        assert got[key] == want[key], key

@@ -11,7 +11,7 @@ import jax
 
 from .. import _C, _runtime, _storage, metrics
 from .._program_cache import op_entry
-from ..op import asserts, capacity
+from ..op import asserts, capacity, lengths  # noqa: F401  (lengths registers its calls)
 from ..op.opcall import run_eager, scan_fast
 
 _COUNTERS = metrics.counters

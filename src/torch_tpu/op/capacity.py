@@ -13,7 +13,7 @@ the rows past T hold is never read by a row below T, so the first T rows are the
 the op at size T, exactly. Every other op reads the size-T tensor as it is, a view of part
 of its buffer (its offset is data), so nothing changes for it.
 
-Where tags start (`_SOURCES`): a `cat` whose first input is tagged, or whose call (same
+Where tags start (`SOURCES`): a `cat` whose first input is tagged, or whose call (same
 dtype, dimension and other inputs) last made a result 1..GROWTH rows shorter; an `arange`
 whose call last made a shorter one. The first step of a loop runs as before; from the
 second the loop runs at capacity. Only the outermost dimension that is not of size 1 is
@@ -89,15 +89,17 @@ def _at_capacity(t, axis, tag):
     return t.as_strided(size, stride, t.storage_offset())
 
 
-def _hold(full, axis, rows):
+def _hold(full, axis, rows, into=None):
     """A fresh result `full`, `cap` rows along `axis` -> the tensor of its first `rows`
-    there, on the same storage; tagged when those rows lead its memory."""
+    there, on the same storage (`into`, when given, is set to it); tagged when those rows
+    lead its memory."""
     size = list(full.shape)
     cap = size[axis]
     size[axis] = rows
     st = full.untyped_storage()
-    t = torch.empty(0, dtype=full.dtype, device=full.device).set_(
-        st, full.storage_offset(), size, full.stride())
+    if into is None:
+        into = torch.empty(0, dtype=full.dtype, device=full.device)
+    t = into.set_(st, full.storage_offset(), size, full.stride())
     row = full.stride(axis)
     inner = sum((s - 1) * full.stride(d) for d, s in enumerate(size) if d != axis and s != 1)
     if full.storage_offset() == 0 and inner < row and cap * row * full.element_size() == st.nbytes():
@@ -181,7 +183,8 @@ def _arange(execute, plan, vals):
     return _hold(full, 0, rows)
 
 
-_SOURCES = {torch.ops.aten.cat.default: _cat, torch.ops.aten.arange.default: _arange,
+# ops that start a held tensor: op -> (execute, plan, vals) -> the result, or PASS
+SOURCES = {torch.ops.aten.cat.default: _cat, torch.ops.aten.arange.default: _arange,
             torch.ops.aten.arange.start: _arange, torch.ops.aten.arange.start_step: _arange}
 
 
@@ -310,6 +313,11 @@ _RULES = {
 }
 
 
+# ops that lengths.py runs whole for a held argument: op -> (execute, plan, vals) -> the
+# result, or PASS
+CALLS: dict = {}
+
+
 def _rule(plan):
     rule = _RULES.get(plan.op)
     if rule is None and not plan.mutable and torch.Tag.pointwise in plan.op.tags:
@@ -322,13 +330,16 @@ def route(execute, plan, vals):
     the call at capacity, or PASS (the caller runs it as it is)."""
     if not _ENABLED or _busy[0]:
         return PASS
-    source = _SOURCES.get(plan.op)
-    if source is not None:
-        _busy[0] = True
-        try:
-            return source(execute, plan, vals)
-        finally:
-            _busy[0] = False
+    for table in (SOURCES, CALLS if _live[0] else None):
+        call = table and table.get(plan.op)
+        if call is not None:
+            _busy[0] = True
+            try:
+                result = call(execute, plan, vals)
+            finally:
+                _busy[0] = False
+            if result is not PASS:
+                return result
     if not _live[0]:
         return PASS
     rule = _rule(plan)
