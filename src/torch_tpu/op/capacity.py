@@ -319,6 +319,8 @@ CALLS: dict = {}
 
 
 def _rule(plan):
+    if plan.seeded:  # a random op draws per element: at C it would draw other numbers
+        return None
     rule = _RULES.get(plan.op)
     if rule is None and not plan.mutable and torch.Tag.pointwise in plan.op.tags:
         rule = _pointwise
