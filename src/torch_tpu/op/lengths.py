@@ -72,16 +72,19 @@ def _reduce(execute, plan, vals):
     name = plan.op.overloadpacket.__name__
     dtype = vals[1] if name in ("sum", "mean") else None
     fill = _identity(name, x.dtype)
-    if tag.rows == 0 or fill is None:
-        return PASS
+    out = dtype or x.dtype
+    if tag.rows == 0 or fill is None or (name == "mean" and not (
+            out.is_floating_point or out.is_complex)):
+        return PASS  # (torch's own result or error: an empty min, an integer mean)
     full = _at_capacity(x, axis, tag)
     shape = [1] * full.dim()
     shape[axis] = tag.cap
     pad = torch.arange(tag.cap, device=x.device).ge(tag.rows).view(shape)
     full = full.masked_fill(pad, fill)
     capacity.metrics.count("capacity.ops")
-    if name == "mean":
-        return full.sum(dtype=dtype) / tag.rows
+    if name == "mean":  # accumulated and divided in float32 for 16-bit floats, as torch does
+        acc = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+        return (full.sum(dtype=acc) / tag.rows).to(out)
     if name == "sum":
         return full.sum(dtype=dtype)
     return getattr(full, name)()
