@@ -33,7 +33,9 @@ for step in range(int(os.environ.get("STEPS", "10"))):
     eos_idx = torch.full((16,), 6, dtype=torch.long, device=device)
     eos_idx[is_eos.any(dim=1)] = is_eos.int().argmax(dim=1)[is_eos.any(dim=1)]
     ended = lengths[~truncated]
+    scores = (lengths.to(torch.bfloat16) / 7)[~truncated]  # a 16-bit mean, as torch rounds it
     logged.append([len(ended), ended.float().mean().item() if len(ended) else None,
+                   scores.mean().item() if len(ended) else None,
                    ended.float().min().item() if len(ended) else None,
                    ended.max().item() if len(ended) else None, ended.sum().item(),
                    eos_idx.tolist(), ended.tolist()])
