@@ -98,8 +98,10 @@ def _samples(opinfo, dtype, n=None, grad=False, reference=False):
     return samples
 
 
-def _on(sample, device):
-    inp, args, kwargs, _ = ops.place(sample, device, grad=False)
+def _on(sample, device, opinfo):
+    """The sample on `device`, but for the arguments the op takes on the host everywhere
+    (tensor_split's indices, ops.HOST_ARGS)."""
+    inp, args, kwargs, _ = ops.place(sample, device, grad=False, name=opinfo.name)
     return inp, args, kwargs
 
 
@@ -181,7 +183,7 @@ def _out_like_all(outs):
 
 def _with_out(opinfo, sample, device, outs_of, mode):
     """op(sample, out=...) on `device`: (the out tensors, what the op returned)."""
-    inp, args, kwargs = _on(sample, device)
+    inp, args, kwargs = _on(sample, device, opinfo)
     expected = opinfo.op(inp, *args, **kwargs)
     got = _tensors(expected)
     outs = [outs_of(t) for t in got]
@@ -195,7 +197,7 @@ def _out_sample(opinfo):
         raise NotApplicable("no out= variant")
     dtype = _dtype_of(opinfo)
     for s in _samples(opinfo, dtype, 4):
-        inp, args, kwargs = _on(s, "cpu")
+        inp, args, kwargs = _on(s, "cpu", opinfo)
         res, err = _attempt(lambda: opinfo.op(inp, *args, **kwargs))
         if err is None and _tensors(res) and all(isinstance(t, torch.Tensor)
                                                  for t in compare.leaves(res)):
@@ -355,7 +357,7 @@ def _noncontiguous(opinfo, mode):
         runs = []
         for variant in (s, s.noncontiguous()):
             with in_mode(mode):
-                inp, args, kwargs, leaves = ops.place(variant, "tpu", grad)
+                inp, args, kwargs, leaves = ops.place(variant, "tpu", grad, name=opinfo.name)
                 torch.manual_seed(0)  # a random op draws the same numbers for both layouts
                 res, err = _attempt(lambda: runner(opinfo.op, mode)(inp, *args, **kwargs))
                 if err is None and grad:
@@ -379,7 +381,7 @@ def _random(opinfo, sample) -> bool:
     if opinfo.has_nondeterministic_output:
         return True
     watch = ops._SeededOps()
-    inp, args, kwargs = _on(sample, "cpu")
+    inp, args, kwargs = _on(sample, "cpu", opinfo)
 
     def watched():
         with watch:
@@ -404,13 +406,13 @@ def _variants(opinfo, mode):
             continue  # torch's own variants draw differently (CUDA's dropout_ and dropout)
         for name, variant in named.items():
             def call(device):
-                inp, args, kwargs = _on(s, device)
+                inp, args, kwargs = _on(s, device, opinfo)
                 torch.manual_seed(0)  # a random op draws the same numbers in each variant
                 base = opinfo.op(inp, *args, **kwargs)
                 if "inplace" in name and isinstance(base, torch.Tensor) and \
                         base.dtype != inp.dtype:
                     raise NotApplicable  # (torch checks in-place variants only there)
-                inp, args, kwargs = _on(s, device)
+                inp, args, kwargs = _on(s, device, opinfo)
                 torch.manual_seed(0)
                 return base, runner(variant, mode, device)(inp, *args, **kwargs)
             cpu, cpu_err = _attempt(lambda: call("cpu"))
@@ -432,13 +434,13 @@ def _dtypes(opinfo, mode):
         samples = _samples(opinfo, dtype, 1)
         if not samples:
             continue
-        inp, args, kwargs = _on(samples[0], "cpu")
+        inp, args, kwargs = _on(samples[0], "cpu", opinfo)
         want, err = _attempt(lambda: opinfo.op(inp, *args, **kwargs))
         if err is not None or _random(opinfo, samples[0]):
             continue
         ran += 1
         with in_mode(mode):
-            inp, args, kwargs = _on(samples[0], "tpu")
+            inp, args, kwargs = _on(samples[0], "tpu", opinfo)
             got, err = _attempt(lambda: ops._to_cpu(runner(opinfo.op, mode)(inp, *args, **kwargs)))
         if err is not None:
             if "does not support dtype" in str(err):

@@ -458,9 +458,6 @@ CONFORMANCE_CAUSES = {
     **{(n, "dtypes"): _NORM_STATS for n in ("native_layer_norm", "native_batch_norm",
                                             "_native_batch_norm_legit",
                                             "_batch_norm_with_update")},
-    **{("tensor_split", f): "the family moves the sample's CPU indices tensor to tpu; torch's "
-                            "tensor_split wants it on the CPU on every device (CUDA too)"
-       for f in ("dtypes", "variants")},
     ("nn.functional.silu.complex", "compare"): "x / (1 + exp(-x)) where exp overflows: CPU's "
                                                "complex division gives NaN, XLA's the limit 0",
     **{(f"polygamma.polygamma_n_{n}", "compare"): "2 of 943593 elements, by x = -0.5 with "
