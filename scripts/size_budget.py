@@ -19,8 +19,10 @@ SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
 # about 15% headroom each. The tools' raised to 8.4k with the conformance harness (issue
 # 33, validation/conformance.py: ~500 lines of checks the issue asks for), 7.7k then; to
 # 9.4k with the torchtitan client (issue 32, validation/torchtitan*.py: ~620 lines) and
-# bench graphs (issue 34, ~210 lines), 8.8k then.
-BUDGETS = {"torch_tpu": 24_800, "torch_tpu_tools": 9_400}
+# bench graphs (issue 34, ~210 lines), 8.8k then. The runtime's raised from 24.8k to 25.3k
+# with generate()'s captured decode step (issue 34, ~140 lines) after growing tensors and
+# lengths that are data (issue 31, op/capacity.py and op/lengths.py): 24.8k then.
+BUDGETS = {"torch_tpu": 25_300, "torch_tpu_tools": 9_400}
 SUFFIXES = {".py", ".cpp", ".h"}
 
 

@@ -178,6 +178,9 @@ _DECLARED = [
     Setting("TORCH_TPU_BUCKETED_GENERATE", "bool", True, PER_OP,
             "HF `generate()` on tpu decodes at a bucketed capacity (one program set per "
             "bucket, not per token); 0 runs transformers' own loop"),
+    Setting("TORCH_TPU_CAPTURED_GENERATE", "bool", True, PER_OP,
+            "bucketed `generate()` captures its decode step (torch.tpu.graph) and replays it, "
+            "one launch per token, in Strict and DeferAndFuse; 0 decodes op by op"),
     Setting("TORCH_TPU_RECOMPILE_WARN", "int", 8, PER_OP,
             "warn (`RecompileWarning`, once per site) when one op at one line, one fused op "
             "sequence or one compiled graph has recompiled this many times for new shapes, "

@@ -17,6 +17,10 @@ MODES = ("strict", "defer_and_fuse", "static")
 
 
 def _generate(mode, lengths, *flags):
+    return _run(mode, lengths, *flags)[0]
+
+
+def _run(mode, lengths, *flags):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, str(SCRIPT), "--mode", mode, "--lengths", lengths, *flags],
                           capture_output=True, text=True, timeout=500, env=env)
@@ -25,7 +29,7 @@ def _generate(mode, lengths, *flags):
     *calls, summary = rows
     assert summary["unbucketed"] == {} and summary["bucketed"] == len(calls), summary
     assert all(c["equal"] for c in calls), calls
-    return calls
+    return calls, summary
 
 
 @pytest.mark.slow
@@ -57,3 +61,31 @@ def test_padded_batch_with_eos_equals_cpu(mode):
     first, second = _generate(mode, "16,20", "--batch-eos")
     assert first["eos_rows"] == 1 and first["scores_close"] and second["scores_close"], first
     assert second["programs"] == 0, second
+
+
+@pytest.mark.parametrize("mode", ("strict", "defer_and_fuse"))
+def test_decode_step_captured_and_replayed(mode):
+    """Greedy, a left-padded batch with an EOS one row reaches early, no scores: each call
+    captures its decode step and replays it once a token (the step past the stop
+    included), the sequences equal CPU's, and the second call (same bucket, the step
+    captured again) compiles nothing."""
+    (first, second), summary = _run(mode, "16,20", "--batch-eos", "--plain")
+    assert summary["captured"] == 2 and summary["uncaptured"] == {}, summary
+    # 16 and 20 new tokens: the first comes from the prefill, one replay each after it,
+    # the stop read one step late (the EOS row does not stop the batch: max_length does)
+    assert summary["replays"] == 15 + 19, summary
+    assert first["eos_rows"] == 1 and second["programs"] == 0, (first, second)
+
+
+def test_sampled_captured_decode_draws_as_transformers_loop():
+    """do_sample with top-k/top-p/temperature, captured: every replay draws what
+    transformers' own op-by-op loop draws on tpu from the same seed."""
+    (first, second), summary = _run("strict", "20,24", "--sample", "--plain")
+    assert summary["captured"] == 2 and summary["uncaptured"] == {}, summary
+    assert second["programs"] == 0, second
+
+
+def test_scores_and_streamers_decode_op_by_op_and_say_why():
+    (first, _), summary = _run("strict", "16,20", "--batch-eos")
+    assert summary["captured"] == 0, summary
+    assert summary["uncaptured"] == {"scores or logits returned per step": 2}, summary

@@ -12,6 +12,8 @@ call compiled (torch.tpu.compile_cache_stats), then a summary line.
                          generator draws other numbers
   --batch-eos            a batch of 2 prompts, one left-padded, with an EOS token that one
                          row reaches early; also returns the scores
+  --plain                no scores (--batch-eos) and no streamer (--sample): what the
+                         captured decode step holds (the summary counts captured calls)
 """
 import argparse
 import json
@@ -27,6 +29,7 @@ parser.add_argument("--mode", default="strict")
 parser.add_argument("--lengths", default="16")
 parser.add_argument("--sample", action="store_true")
 parser.add_argument("--batch-eos", action="store_true")
+parser.add_argument("--plain", action="store_true")
 args = parser.parse_args()
 
 import torch_tpu  # noqa: E402
@@ -57,7 +60,7 @@ eos = None
 if args.batch_eos:  # a token the first row produces at its 4th step
     first = cpu_model.generate(prompt, attention_mask=mask, max_new_tokens=4, do_sample=False)
     eos = int(first[0, -1])
-    extra.update(eos_token_id=eos, return_dict_in_generate=True, output_scores=True)
+    extra.update(eos_token_id=eos, return_dict_in_generate=True, output_scores=not args.plain)
 
 
 def programs():
@@ -86,7 +89,7 @@ def generate(m, device, n):
     ids, attention = prompt.to(device), mask.to(device)
     if device == "tpu":
         torch.tpu.synchronize()
-    streamer = Collect() if args.sample else None
+    streamer = Collect() if args.sample and not args.plain else None
     before = programs()
     out = m.generate(ids, attention_mask=attention, max_new_tokens=n, pad_token_id=0,
                      streamer=streamer, **extra)
@@ -106,14 +109,15 @@ for n in [int(x) for x in args.lengths.split(",")]:
         ref = ref_out.sequences if args.batch_eos else ref_out
     row = {"new_tokens": n, "programs": compiled, "shape": list(seqs.shape),
            "equal": torch.equal(seqs, ref)}
-    if args.sample:  # streamed: the prompt, each token, the end; as transformers' loop does
+    if args.sample and not args.plain:  # streamed: the prompt, each token, the end; as transformers' loop does
         row["equal"] &= streamed == ref_streamed == seqs[0].tolist() + ["end"]
-    if args.batch_eos:
+    if args.batch_eos and not args.plain:
         got = torch.stack([s.cpu() for s in out.scores])
         want = torch.stack(ref_out.scores)
         finite = torch.isfinite(want)
         row["scores_close"] = bool(torch.equal(finite, torch.isfinite(got)) and torch.allclose(
             got[finite], want[finite], atol=1e-4, rtol=1e-4))
+    if args.batch_eos:
         row["eos_rows"] = int((seqs == eos).any(dim=1).sum())
     print(json.dumps(row), flush=True)
 
@@ -121,4 +125,7 @@ from torch_tpu import metrics  # noqa: E402
 from torch_tpu._integrations import generation  # noqa: E402
 
 print(json.dumps({"bucketed": metrics.counters.get("generate_bucketed", 0),
-                  "unbucketed": generation.unbucketed_reasons()}), flush=True)
+                  "captured": metrics.counters.get("generate_captured", 0),
+                  "replays": metrics.counters.get("graphs.replays", 0),
+                  "unbucketed": generation.unbucketed_reasons(),
+                  "uncaptured": generation.uncaptured_reasons()}), flush=True)

@@ -25,6 +25,21 @@ The stop flag (`unfinished.max() == 0`) is read after the next step is queued, a
 transformers' DeferredStopCheck does on mps, so the device has work while the host waits
 for it; the step queued past the stop is dropped, and the cache cropped to the last token.
 
+Each decode step is then captured (torch.tpu.graph, eager/capture.py) and replayed: the
+step, from the forward to the token written into the buffers and the stop flag, is one XLA
+program with one launch per token, in Strict and DeferAndFuse (not in Debug, whose point is
+op by op). Its inputs are device buffers the step updates itself: the last token, its
+position ids, the column written (data, so every replay writes the next one), the
+unfinished rows. The region is recorded again at each call, so it always is what the
+Python code does now (adapters switched, a new model); the program of an equal region is
+reused (capture's program cache). The step captured holds only what a replay repeats
+exactly: the logits warpers that read the scores alone (`_WARPERS`), and the max-length and
+EOS stopping criteria. Other processors or criteria, scores or logits returned, a streamer,
+or a region capture refuses (CaptureError) decode op by op, counted in
+`generate_uncaptured` with the reason in `uncaptured_reasons()`; TORCH_TPU_CAPTURED_GENERATE=0
+turns it off. A compiled forward (cache_implementation="static") is not captured: its
+graphs are already one program a step.
+
 The user's choice of cache keeps its meaning: the default dynamic cache runs in the eager
 mode (Strict, DeferAndFuse), and `cache_implementation="static"` keeps transformers'
 auto-compile of the forward (default backend: tpu). The sequences returned are a view of the
@@ -45,6 +60,7 @@ import functools
 import torch
 
 from .. import _buckets, _config, _on_import, _patches, metrics
+from ..eager import capture
 from .._patches import Patch
 
 WRITTEN_AGAINST = "5.24.0"
@@ -53,6 +69,13 @@ _GROWN = ("attention_mask", "position_ids")  # the kwargs `_update_model_kwargs_
 _POOL = "_tpu_generate_caches"  # model attribute: {(batch, capacity, dtype, device): StaticCache}
 _POOL_MAX = 4
 _reasons: collections.Counter = collections.Counter()
+_uncaptured: collections.Counter = collections.Counter()
+# logits warpers that read the scores only (not input_ids, whose buffer holds padding past
+# the length): a captured step holds them
+_WARPERS = frozenset({"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
+                      "MinPLogitsWarper", "TypicalLogitsWarper", "EpsilonLogitsWarper",
+                      "EtaLogitsWarper", "SuppressTokensLogitsProcessor"})
+_CRITERIA = frozenset({"MaxLengthCriteria", "EosTokenCriteria"})
 # The stop flag of step t is read after step t + _STOP_LAG - 1 is queued. 1, as
 # transformers' DeferredStopCheck: the host reads a flag that the step it has just queued
 # follows. 2 would let the host record a step while the device runs the one before, but on
@@ -79,6 +102,11 @@ _GENERATE_SIGNATURE = (
 def unbucketed_reasons() -> dict:
     """Why tpu `generate()` calls ran transformers' per-token loop: reason -> calls."""
     return dict(_reasons)
+
+
+def uncaptured_reasons() -> dict:
+    """Why bucketed `generate()` calls decoded op by op, not by replays: reason -> calls."""
+    return dict(_uncaptured)
 
 
 def _unsupported(model, input_ids, generation_config, synced_gpus, stopping_criteria, kwargs):
@@ -202,6 +230,8 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
     inputs = model.prepare_inputs_for_generation(
         ids[:, :length], is_first_iteration=True, **_model_kwargs(kwargs, grown, length))
     outputs = model(**inputs, return_dict=True)
+    why = _uncapturable(model, compiled, logits_processor, stopping_criteria, scores, raw_logits,
+                        streamer)
     with model._optimize_model_for_decode():
         while True:
             logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
@@ -228,12 +258,22 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
             unread.append((unfinished.max() == 0, length))
             if length >= max_length:
                 break
+            if why is None:
+                step, why = _CapturedStep.make(model, forward, kwargs, grown, ids, length,
+                                               unfinished, generation_config.do_sample,
+                                               logits_processor, stopping_criteria, pad)
+                if step is not None:
+                    length, cached, stop = step.run(length, max_length, unread)
+                    break
             inputs = model.prepare_inputs_for_generation(
                 ids[:, :length], next_sequence_length=1, **_model_kwargs(kwargs, grown, length))
             outputs = forward(**inputs, return_dict=True)
             cached = length
             if len(unread) == _STOP_LAG and (stop := _first_stop(unread, 1)) is not None:
                 break
+    if why is not None:
+        metrics.count("generate_uncaptured")
+        _uncaptured[why] += 1
     if stop is None:  # the loop reached max_length: the flags not read yet
         stop = _first_stop(unread, len(unread))
     final = length if stop is None else stop
@@ -250,6 +290,106 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
         return sequences
     return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=raw_logits,
                                      cache=cache)
+
+
+def _uncapturable(model, compiled, processors, criteria, scores, raw_logits, streamer):
+    """Why the decode step is not captured, or None (see the module doc)."""
+    from transformers.generation.utils import GenerationMixin
+
+    from ..eager.modes import EagerMode, get_eager_mode
+
+    checks = (
+        (not _config.get("TORCH_TPU_CAPTURED_GENERATE"), "TORCH_TPU_CAPTURED_GENERATE=0"),
+        (get_eager_mode() is EagerMode.DEBUG, "Debug mode runs op by op"),
+        (compiled, "a torch.compile'd forward (cache_implementation='static'): already one "
+                   "program a step, and its graphs' first calls run outside a capture"),
+        (scores is not None or raw_logits is not None, "scores or logits returned per step"),
+        (streamer is not None, "a streamer"),
+        (type(model).prepare_inputs_for_generation is not GenerationMixin.prepare_inputs_for_generation,
+         "the model's own prepare_inputs_for_generation"),
+    )
+    for failed, why in checks:
+        if failed:
+            return why
+    for obj, allowed, module in ((p, _WARPERS, "logits_process") for p in processors):
+        if type(obj).__name__ not in allowed or not type(obj).__module__.endswith(module):
+            return f"the logits processor {type(obj).__name__}"
+    for crit in criteria:
+        if type(crit).__name__ not in _CRITERIA or not type(crit).__module__.endswith("stopping_criteria"):
+            return f"the stopping criterion {type(crit).__name__}"
+    return None
+
+
+class _CapturedStep:
+    """One decode step (forward, warpers, the token chosen and written, the stop flag) as
+    a captured program over device buffers it updates itself (see the module doc)."""
+
+    def __init__(self, model, forward, kwargs, grown, ids, length, unfinished, sample,
+                 processors, criteria, pad):
+        dev = ids.device
+        self.model, self.forward, self.kwargs, self.ids = model, forward, kwargs, ids
+        self.sample, self.processors, self.pad = sample, processors, pad
+        self.eos = [c for c in criteria if type(c).__name__ == "EosTokenCriteria"]
+        self.cur = ids[:, length - 1:length].clone()          # the last token
+        self.col = torch.full((1,), length, dtype=torch.long, device=dev)  # the next column
+        self.mask = grown.get("attention_mask")               # capacity buffers, written at col
+        pos = grown.get("position_ids")
+        self.pos = None if pos is None else pos[..., length - 1:length].clone()
+        self.unfinished = unfinished.clone()
+        self.done = torch.zeros((), dtype=torch.bool, device=dev) if self.eos else None
+        self.graph = capture.TPUGraph()
+
+    @classmethod
+    def make(cls, *args):
+        """-> (the step, captured, None) or (None, why capture refused it)."""
+        step = cls(*args)
+        try:
+            with capture.graph(step.graph):
+                step._step()
+        except capture.CaptureError as e:
+            return None, str(e).splitlines()[0]
+        metrics.count("generate_captured")
+        return step, None
+
+    def _step(self):
+        kwargs = dict(self.kwargs)
+        if self.mask is not None:
+            kwargs["attention_mask"] = self.mask
+        if self.pos is not None:
+            kwargs["position_ids"] = self.pos
+        inputs = self.model.prepare_inputs_for_generation(self.cur, next_sequence_length=1, **kwargs)
+        logits = self.forward(**inputs, return_dict=True).logits[:, -1].to(copy=True, dtype=torch.float32)
+        scores = self.processors(self.ids, logits)
+        if self.sample:
+            tokens = torch.multinomial(torch.nn.functional.softmax(scores, dim=-1), 1).squeeze(1)
+        else:
+            tokens = torch.argmax(scores, dim=-1)
+        if self.eos:
+            tokens = tokens * self.unfinished + self.pad * (1 - self.unfinished)
+        self.ids.index_copy_(1, self.col, tokens[:, None])
+        if self.mask is not None:
+            self.mask.index_fill_(1, self.col, 1)
+        if self.pos is not None:
+            self.pos.add_(1)
+        self.cur.copy_(tokens[:, None])
+        self.col.add_(1)
+        for crit in self.eos:
+            self.unfinished.mul_(~crit(tokens[:, None], None))
+        if self.eos:
+            self.done.copy_(self.unfinished.max() == 0)
+
+    def run(self, length: int, max_length: int, unread):
+        """Replay up to max_length -> (length, cached, stop), as the op-by-op loop ends;
+        each stop flag is read after the next step is queued."""
+        stop = cached = None
+        while length < max_length:
+            self.graph.replay()
+            cached, length = length, length + 1
+            if self.done is not None:
+                unread.append((self.done.clone(), length))
+                if len(unread) > _STOP_LAG and (stop := _first_stop(unread, 1)) is not None:
+                    break
+        return length, cached, stop
 
 
 def _first_stop(unread, n: int):
@@ -325,4 +465,4 @@ def install() -> None:
     _on_import.when_imported(_MODULE, _patch, lambda m: hasattr(m, "GenerationMixin"))
 
 
-__all__ = ["install", "unbucketed_reasons"]
+__all__ = ["install", "unbucketed_reasons", "uncaptured_reasons"]
