@@ -33,11 +33,11 @@ position ids, the column written (data, so every replay writes the next one), th
 unfinished rows. The region is recorded again at each call, so it always is what the
 Python code does now (adapters switched, a new model); the program of an equal region is
 reused (capture's program cache). The step captured holds only what a replay repeats
-exactly: the logits warpers that read the scores alone (`_WARPERS`), and the max-length and
-EOS stopping criteria. Other processors or criteria, scores or logits returned, a streamer,
-or a region capture refuses (CaptureError) decode op by op, counted in
-`generate_uncaptured` with the reason in `uncaptured_reasons()`; TORCH_TPU_CAPTURED_GENERATE=0
-turns it off. A compiled forward (cache_implementation="static") is not captured: its
+exactly: the logits warpers that read the scores alone (`_WARPERS`), and the EOS stopping
+criterion (max length and max time are checked on the host between replays). Other
+processors or criteria, scores or logits returned, a streamer, or a region capture refuses
+(CaptureError) decode op by op, counted in `generate_uncaptured` with the reason in
+`uncaptured_reasons()`; TORCH_TPU_CAPTURED_GENERATE=0 turns it off. A compiled forward (cache_implementation="static") is not captured: its
 graphs are already one program a step.
 
 The user's choice of cache keeps its meaning: the default dynamic cache runs in the eager
@@ -55,7 +55,9 @@ Beam search (`num_beams > 1`) has its own loop, which is not wrapped.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import time
 
 import torch
 
@@ -75,7 +77,8 @@ _uncaptured: collections.Counter = collections.Counter()
 _WARPERS = frozenset({"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
                       "MinPLogitsWarper", "TypicalLogitsWarper", "EpsilonLogitsWarper",
                       "EtaLogitsWarper", "SuppressTokensLogitsProcessor"})
-_CRITERIA = frozenset({"MaxLengthCriteria", "EosTokenCriteria"})
+# max length and time are checked on the host between replays, EOS inside the step
+_CRITERIA = frozenset({"MaxLengthCriteria", "MaxTimeCriteria", "EosTokenCriteria"})
 # The stop flag of step t is read after step t + _STOP_LAG - 1 is queued. 1, as
 # transformers' DeferredStopCheck: the host reads a flag that the step it has just queued
 # follows. 2 would let the host record a step while the device runs the one before, but on
@@ -200,7 +203,9 @@ def _model_kwargs(kwargs: dict, grown: dict, length: int) -> dict:
 
 
 def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                     streamer, model_kwargs):
+                     streamer, model_kwargs, why):
+    """transformers' `_sample` at a capacity; `why`: why the decode step is not captured,
+    or None."""
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     batch, length = input_ids.shape
@@ -230,8 +235,6 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
     inputs = model.prepare_inputs_for_generation(
         ids[:, :length], is_first_iteration=True, **_model_kwargs(kwargs, grown, length))
     outputs = model(**inputs, return_dict=True)
-    why = _uncapturable(model, compiled, logits_processor, stopping_criteria, scores, raw_logits,
-                        streamer)
     with model._optimize_model_for_decode():
         while True:
             logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
@@ -292,18 +295,32 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
                                      cache=cache)
 
 
-def _uncapturable(model, compiled, processors, criteria, scores, raw_logits, streamer):
+def _fused_strict(captured: bool):
+    """Strict, where the decode step is captured: what is not replayed (the buffers, the
+    prefill, the first token, the stop flags) runs as DeferAndFuse runs it, a few fused
+    programs for a new prompt length rather than one per op."""
+    from ..eager.modes import EagerMode, eager_mode, get_eager_mode
+
+    if captured and get_eager_mode() is EagerMode.STRICT:
+        return eager_mode(EagerMode.DEFER_AND_FUSE)
+    return contextlib.nullcontext()
+
+
+def _uncapturable(model, generation_config, model_kwargs, processors, criteria, streamer):
     """Why the decode step is not captured, or None (see the module doc)."""
     from transformers.generation.utils import GenerationMixin
 
     from ..eager.modes import EagerMode, get_eager_mode
 
+    compiled = model._valid_auto_compile_criteria(model_kwargs, generation_config)
+    per_step = generation_config.return_dict_in_generate and (
+        generation_config.output_scores or generation_config.output_logits)
     checks = (
         (not _config.get("TORCH_TPU_CAPTURED_GENERATE"), "TORCH_TPU_CAPTURED_GENERATE=0"),
         (get_eager_mode() is EagerMode.DEBUG, "Debug mode runs op by op"),
         (compiled, "a torch.compile'd forward (cache_implementation='static'): already one "
                    "program a step, and its graphs' first calls run outside a capture"),
-        (scores is not None or raw_logits is not None, "scores or logits returned per step"),
+        (per_step, "scores or logits returned per step"),
         (streamer is not None, "a streamer"),
         (type(model).prepare_inputs_for_generation is not GenerationMixin.prepare_inputs_for_generation,
          "the model's own prepare_inputs_for_generation"),
@@ -330,6 +347,7 @@ class _CapturedStep:
         self.model, self.forward, self.kwargs, self.ids = model, forward, kwargs, ids
         self.sample, self.processors, self.pad = sample, processors, pad
         self.eos = [c for c in criteria if type(c).__name__ == "EosTokenCriteria"]
+        self.timers = [c for c in criteria if type(c).__name__ == "MaxTimeCriteria"]
         self.cur = ids[:, length - 1:length].clone()          # the last token
         self.col = torch.full((1,), length, dtype=torch.long, device=dev)  # the next column
         self.mask = grown.get("attention_mask")               # capacity buffers, written at col
@@ -389,6 +407,10 @@ class _CapturedStep:
                 unread.append((self.done.clone(), length))
                 if len(unread) > _STOP_LAG and (stop := _first_stop(unread, 1)) is not None:
                     break
+            if any(time.time() - c.initial_timestamp > c.max_time for c in self.timers):
+                # (as MaxTimeCriteria stops every row at this length, unless EOS did first)
+                stop = _first_stop(unread, len(unread)) or length
+                break
         return length, cached, stop
 
 
@@ -410,8 +432,11 @@ def _sample(original):
                                stopping_criteria, model_kwargs)
             if why is None:
                 metrics.count("generate_bucketed")
-                return _bucketed_sample(self, input_ids, logits_processor, stopping_criteria,
-                                        generation_config, streamer, model_kwargs)
+                why = _uncapturable(self, generation_config, model_kwargs, logits_processor,
+                                    stopping_criteria, streamer)
+                with _fused_strict(why is None):
+                    return _bucketed_sample(self, input_ids, logits_processor, stopping_criteria,
+                                            generation_config, streamer, model_kwargs, why)
             metrics.count("generate_unbucketed")
             _reasons[why] += 1
         return original(self, input_ids, logits_processor, stopping_criteria, generation_config,
