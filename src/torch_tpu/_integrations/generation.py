@@ -37,8 +37,11 @@ exactly: the logits warpers that read the scores alone (`_WARPERS`), and the EOS
 criterion (max length and max time are checked on the host between replays). Other
 processors or criteria, scores or logits returned, a streamer, or a region capture refuses
 (CaptureError) decode op by op, counted in `generate_uncaptured` with the reason in
-`uncaptured_reasons()`; TORCH_TPU_CAPTURED_GENERATE=0 turns it off. A compiled forward (cache_implementation="static") is not captured: its
-graphs are already one program a step.
+`uncaptured_reasons()`; TORCH_TPU_CAPTURED_GENERATE=0 turns it off. A compiled forward
+(cache_implementation="static") is not captured: its graphs are already one program a step.
+In Strict, a call whose step is captured runs the rest (the buffers, the prefill, the first
+token, the stop flags) as DeferAndFuse does: a few fused programs per prompt length, not
+one per op.
 
 The user's choice of cache keeps its meaning: the default dynamic cache runs in the eager
 mode (Strict, DeferAndFuse), and `cache_implementation="static"` keeps transformers'
@@ -328,12 +331,11 @@ def _uncapturable(model, generation_config, model_kwargs, processors, criteria, 
     for failed, why in checks:
         if failed:
             return why
-    for obj, allowed, module in ((p, _WARPERS, "logits_process") for p in processors):
-        if type(obj).__name__ not in allowed or not type(obj).__module__.endswith(module):
-            return f"the logits processor {type(obj).__name__}"
-    for crit in criteria:
-        if type(crit).__name__ not in _CRITERIA or not type(crit).__module__.endswith("stopping_criteria"):
-            return f"the stopping criterion {type(crit).__name__}"
+    for kind, objs, allowed, module in (("logits processor", processors, _WARPERS, "logits_process"),
+                                        ("stopping criterion", criteria, _CRITERIA, "stopping_criteria")):
+        for obj in objs:  # transformers' own classes, not subclasses or look-alikes
+            if type(obj).__name__ not in allowed or not type(obj).__module__.endswith(module):
+                return f"the {kind} {type(obj).__name__}"
     return None
 
 
