@@ -33,7 +33,7 @@ import numpy as np
 from jax.errors import JaxRuntimeError
 
 from .. import _config, _runtime
-from . import _bootstrap, _liveness
+from . import _bootstrap, _liveness, _sockets
 from .collectives import CollectiveMismatch, explain, local, mismatch_message
 
 _POLL_S = _config.get("TORCH_TPU_DIST_WATCHDOG_POLL_S")
@@ -43,13 +43,15 @@ _NAME_WAIT_S = 2.0
 
 
 class _Entry:
-    __slots__ = ("gm", "name", "ok", "ranks", "rows", "seq", "t0", "timeout", "token", "what")
+    __slots__ = ("gm", "name", "ok", "on_done", "ranks", "rows", "seq", "t0", "timeout",
+                 "token", "what")
 
     def __init__(self, gm, what, timeout):
         self.gm = gm
         self.seq = 0  # its number among this rank's collectives on the group
         self.token = self.rows = None  # set once the dispatch returned
         self.ok = False  # its token was read: it ran
+        self.on_done = None  # called on this thread once the program finished
         self.name, self.ranks = gm.name, gm.ranks
         self.t0, self.what, self.timeout = time.monotonic(), what, timeout
 
@@ -140,6 +142,11 @@ def _loop() -> None:
             done = []
             while chain and chain[0].token is not None and chain[0].token.is_ready():
                 done.append(chain.popleft())
+            for entry in done:
+                if entry.on_done is not None:
+                    _call(entry.on_done)
+            if done:
+                _call(_sockets.keep)  # gloo may have lowered a send buffer (_sockets.py)
             if done and not done[-1].ok and _verdict(done[-1]) is not None:
                 # a failure or refusal poisons every later token of its group, so the
                 # first bad one among these is where it started
@@ -151,6 +158,13 @@ def _loop() -> None:
                 _report(entry, f"did not complete within the timeout of {entry.timeout:.0f} s "
                                f"(init_process_group(timeout=...)): {_laggards(entry)}")
                 chain.popleft()
+
+
+def _call(fn) -> None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001  (an aside must not stop the watchdog)
+        print(f"torch_tpu: tpu_dist watchdog: {fn!r} failed: {e}", flush=True)
 
 
 def _laggards(entry) -> str:

@@ -12,12 +12,14 @@ waits for its data.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import _storage
-from . import _bootstrap, _io, _watchdog, collectives as C
+from . import _bootstrap, _io, _sockets, _watchdog, collectives as C
 
 # Donating a buffer makes the dispatch wait until the buffer's producer has finished, so
 # the host stops running ahead of the device; worth it only where a fresh output would
@@ -114,6 +116,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                sig=None, alias=0):
         _bootstrap.raise_if_failed()  # after a failure (kept, not fatal) nothing is issued
         prog = C.program(gm, kind, ins, outs, op, root, extra, donate, sig, alias)
+        before = _sockets.first_collective(gm.ranks)
         self._seq += 1
         seq, name, ranks = self._seq, gm.name, gm.ranks
         entry = _watchdog.begin(
@@ -126,7 +129,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
             if _watchdog.is_runtime_error(e):  # a peer is gone, or an input came from a
                 raise _watchdog.dispatch_failed(entry, e) from None  # failed collective
             raise
-        entry.issued()
+        if before is not None:  # the sockets it opened, once it ran (_sockets.py)
+            entry.on_done = functools.partial(_sockets.adopt, before)
+        entry.issued()  # (the watchdog looks at the entry from here on)
         return results
 
     def _inputs(self, tensors, allow_donate=True):
