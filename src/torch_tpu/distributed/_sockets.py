@@ -2,11 +2,12 @@
 
 On XLA:CPU, a collective between processes runs over gloo's TCP transport inside jaxlib:
 the first collective over a set of devices connects gloo's socket pairs. gloo sizes a
-pair's send buffer itself, once, from the first message it sends of more than a few
-bytes (`setsockopt(SO_SNDBUF, <that message's size>)`, seen with strace), and never
-again. When that message is small, as the object broadcast, gather and scatter of a DCP
-checkpoint load are (torchtitan loads one before its first step), the buffer stays at
-18 KB for the life of the process, against the ~4 MB the kernel gives an unset socket. A
+pair's send buffer itself, once, from a message it sends (strace: one
+`setsockopt(SO_SNDBUF, 9073)` per process, from the object scatter below; small
+all-reduces and barriers before it set nothing), and never again. When that message is
+small, as in the object broadcast, gather and scatter of a DCP checkpoint load (torchtitan
+loads one before its first step), the buffer stays at 9-18 KB for the life of the
+process, against the ~4 MB the kernel gives a socket nobody sized. A
 64 KB loopback segment then waits for the peer's delayed ACK (rtt 4-40 ms instead of
 0.01 ms) before the next is queued. Measured, 2 processes on one host (Linux 6.18):
 
