@@ -213,8 +213,8 @@ _DECLARED = [
             "later collective and device read raises it"),
     Setting("TORCH_TPU_DIST_SOCKET_SNDBUF", "bytes", 4 << 20, IMPORT,
             "XLA:CPU only: the send buffer each process fixes on the gloo sockets that XLA's "
-            "cross-process collectives open (distributed/_sockets.py); 0 leaves the "
-            "kernel's own sizing", default_doc="4 MiB"),
+            "cross-process collectives open (distributed/_sockets.py); 0 leaves it as "
+            "gloo sets it", default_doc="4 MiB"),
     Setting("TORCH_TPU_DIST_WATCHDOG_POLL_S", "float", 0.05, IMPORT,
             "seconds between the watchdog's looks at the collectives in flight"),
     Setting("TORCH_TPU_DIST_EARLY_INIT", "bool", True, TORCHRUN_START,

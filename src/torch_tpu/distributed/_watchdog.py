@@ -137,7 +137,7 @@ def _loop() -> None:
     while not _stop.wait(_POLL_S):
         with _lock:
             chains = [c for c in _chains.values() if c]
-        now = time.monotonic()
+        now, completed = time.monotonic(), False
         for chain in chains:
             done = []
             while chain and chain[0].token is not None and chain[0].token.is_ready():
@@ -145,8 +145,7 @@ def _loop() -> None:
             for entry in done:
                 if entry.on_done is not None:
                     _call(entry.on_done)
-            if done:
-                _call(_sockets.keep)  # gloo may have lowered a send buffer (_sockets.py)
+            completed = completed or bool(done)
             if done and not done[-1].ok and _verdict(done[-1]) is not None:
                 # a failure or refusal poisons every later token of its group, so the
                 # first bad one among these is where it started
@@ -158,6 +157,8 @@ def _loop() -> None:
                 _report(entry, f"did not complete within the timeout of {entry.timeout:.0f} s "
                                f"(init_process_group(timeout=...)): {_laggards(entry)}")
                 chain.popleft()
+        if completed:
+            _call(_sockets.keep)  # gloo may have lowered a send buffer (_sockets.py)
 
 
 def _call(fn) -> None:
