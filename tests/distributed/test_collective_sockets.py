@@ -30,6 +30,7 @@ def test_ddp_after_object_collectives_keeps_collective_speed(tmp_path):
     got = _run(swap_cuda(SCRIPT, tmp_path / SCRIPT.name), {})
     for g, w in zip(got, want):
         assert g["vocab"] == w["vocab"] == 600
+        assert g["rows"] == w["rows"] == [g["rank"], g["rank"] + 2, 1500]
         assert g["losses"] == pytest.approx(w["losses"], abs=1e-5), (g, w)
         assert g["weight"] == pytest.approx(w["weight"], abs=1e-3)
         assert g["seconds"] < BOUND_S, (

@@ -1,7 +1,8 @@
 """A CUDA-style DDP script that shares a config between ranks before it trains, as many do
 (a vocabulary or run config pickled with `broadcast_object_list`, per-rank stats with
-`gather_object`): small object collectives first, then 4 MB of gradients a step.
-tests/distributed/test_dist_speed.py runs it with `cuda` -> `tpu`, `nccl` -> `tpu_dist`
+`gather_object`, each rank's shard of an index with `scatter_object_list`, as a DCP
+checkpoint load does too): small object collectives first, then 4 MB of gradients a step.
+tests/distributed/test_collective_sockets.py runs it with `cuda` -> `tpu`, `nccl` -> `tpu_dist`
 against the same script on CPU over gloo. Prints `RESULT {json}` per rank."""
 import json
 import os
@@ -44,5 +45,6 @@ for step in range(int(os.environ.get("STEPS", "20"))):
 seconds = time.perf_counter() - t0
 weight = model[0].weight.detach().float().sum().item()
 print("RESULT " + json.dumps({"rank": rank, "losses": losses, "weight": weight,
-                              "seconds": seconds, "vocab": len(config[0]["vocab"])}), flush=True)
+                              "seconds": seconds, "vocab": len(config[0]["vocab"]),
+                              "rows": shard[0]["rows"][:2] + [len(shard[0]["rows"])]}), flush=True)
 dist.destroy_process_group()
