@@ -5,7 +5,8 @@ the first message it sends of some size; a small first one (`scatter_object_list
 a DCP checkpoint load does) left it at ~9 KB for good, and every later collective waited on
 delayed ACKs: this script's 4 MB gradient all-reduce took ~2.5 s a step instead of ~20 ms
 (torchtitan's FSDP=2 step 23-25 s instead of 1.2 s). The CUDA-style script runs with only
-the device strings changed, against the same script on CPU over gloo."""
+the device strings changed, in each eager mode, against the same script on CPU over
+gloo."""
 import pathlib
 
 import pytest
@@ -25,9 +26,19 @@ def _run(script, env):
     return results
 
 
-def test_ddp_after_object_collectives_keeps_collective_speed(tmp_path):
-    want = _run(SCRIPT, {"FORCE_CPU": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
-    got = _run(swap_cuda(SCRIPT, tmp_path / SCRIPT.name), {})
+MODES = {"strict": {}, "defer_and_fuse": {"TORCH_TPU_DEFER_AND_FUSE": "1"},
+         "debug": {"TORCH_TPU_LAUNCH_BLOCKING": "1"}}
+
+
+@pytest.fixture(scope="module")
+def cpu_reference():
+    return _run(SCRIPT, {"FORCE_CPU": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_ddp_after_object_collectives_keeps_collective_speed(tmp_path, cpu_reference, mode):
+    want = cpu_reference
+    got = _run(swap_cuda(SCRIPT, tmp_path / SCRIPT.name), MODES[mode])
     for g, w in zip(got, want):
         assert g["vocab"] == w["vocab"] == 600
         assert g["rows"] == w["rows"] == [g["rank"], g["rank"] + 2, 1500]
