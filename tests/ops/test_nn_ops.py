@@ -312,6 +312,26 @@ def test_sdpa_backend_choice_follows_torch(eager):
         F.scaled_dot_product_attention(q, k, v, mask, is_causal=True, enable_gqa=True)
 
 
+def test_sdpa_named_cuda_kernels_take_the_fused_op(eager):
+    """A script that asks for CUDA's fused kernels by name, as torchtitan does
+    (`sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH])`), gets tpu's fused attention, as
+    it gets flash on CUDA; its values and gradients match CPU's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    q, k, v = _sdpa_inputs("tpu")
+    with sdpa_kernel(backends, set_priority=True):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert out.grad_fn.name() == "ScaledDotProductFusedAttentionOverrideableBackward0"
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    cq, ck, cv = _sdpa_inputs("cpu")
+    with sdpa_kernel(backends, set_priority=True):
+        ref = F.scaled_dot_product_attention(cq, ck, cv, is_causal=True, enable_gqa=True)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (cq, ck, cv))
+    torch.testing.assert_close(out.cpu(), ref, **TOL[torch.float32])
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.cpu(), r, **TOL[torch.float32])
+
+
 def test_sdpa_query_that_sees_no_key_gives_zeros(eager):
     """torch's math path (_safe_softmax) gives 0 for a fully masked query row, not NaN."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
