@@ -10,7 +10,8 @@
   tpu's 16-bit products always accumulate in float32.
 - The SDPA toggles (`enable_flash_sdp`, `sdp_kernel`, ...) are torch's own: process-wide
   flags that only CUDA's kernel choice reads. tpu's attention takes its fused backend
-  unless `torch.nn.attention.sdpa_kernel` leaves it out, so on tpu they change nothing.
+  unless `torch.nn.attention.sdpa_kernel` leaves out every fused one (MATH alone), so on
+  tpu they change nothing.
 - `torch.backends.tpudnn` (cuDNN's flags; `s/cuda/tpu/` turns `cudnn` into `tpudnn`):
   `allow_tf32` and `fp32_precision` are the float32 convolution precision, which
   _precision.py reads: allow_tf32 True (cuDNN's default) lets convolutions follow the
