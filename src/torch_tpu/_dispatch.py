@@ -267,6 +267,11 @@ def set_cpu_fallback(enabled: bool) -> None:
 
 def cpu_fallback(op, args, kwargs, reason):
     name = str(op)
+    outs = [kwargs.get(a.name) for a in op._schema.arguments if a.is_out]
+    for dst in outs:  # the check _out_kernel makes: the host copy would accept a CPU out
+        if isinstance(dst, torch.Tensor) and dst.device.type != "tpu":
+            raise RuntimeError(f"Expected out tensor to have device "
+                               f"{_out_device(args, kwargs)}, but got {dst.device} instead")
     metrics.fallback_ops[name] += 1
     if name not in _warned:
         _warned.add(name)

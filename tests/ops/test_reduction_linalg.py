@@ -406,6 +406,31 @@ def test_lu_factor_ex_and_unpack_match_lapack(eager):
     assert_close(out, ref)
 
 
+def test_ldl_runs_on_cpu_as_a_listed_fallback(eager):
+    """linalg.ldl_factor / ldl_solve are LAPACK's own pivoted format: they run on CPU as a
+    listed fallback (decomp.CPU_FALLBACKS, counted, warned about once a process), with
+    LAPACK's exact results, and
+    their out= variants write the tpu outs."""
+    from torch_tpu import metrics
+    a = sample(torch.float32, (2, 4, 4))
+    a = a + a.mT
+    b = sample(torch.float32, (2, 4, 3))
+    before = sum(metrics.fallback_ops.values())
+    out, ref = run_both(lambda t, r: torch.linalg.ldl_solve(*torch.linalg.ldl_factor(t), r),
+                        a, b)
+    assert_close(out, ref)
+    out, ref = run_both(torch.linalg.ldl_factor, a)
+    assert_close(out, ref)  # the same LD and 1-based pivots
+    assert sum(metrics.fallback_ops.values()) > before
+    ld = torch.empty(0, device="tpu")
+    piv = torch.empty(0, dtype=torch.int32, device="tpu")
+    got = torch.linalg.ldl_factor(a.to("tpu"), out=(ld, piv))
+    assert got[0] is ld and ld.shape == (2, 4, 4) and ld.device.type == "tpu"
+    assert_close(ld.cpu(), ref[0])
+    with pytest.raises(RuntimeError, match="Expected out tensor to have device tpu"):
+        torch.linalg.ldl_factor(a.to("tpu"), out=(torch.empty(0), torch.empty(0).int()))
+
+
 def test_singular_and_failed_factorizations_report_info(eager):
     singular = torch.ones(3, 3)
     out, ref = run_both(lambda t: torch.linalg.lu_factor_ex(t).info, singular)

@@ -179,6 +179,39 @@ def test_conformance_table_and_expected_failures_from_results(tmp_path):
         "cat": {"out strict": "strides"}}
 
 
+def test_conformance_leaves_out_what_torch_declares_and_counts_it(tmp_path):
+    """A check whose TestCommon test the op's own OpInfo marks skip or expectedFailure on
+    every device is not asked (torch's suite, run for tpu, would not count it): listed as
+    declared, left out of passed / checked, whatever was stored for it."""
+    from torch_tpu_tools.validation import conformance
+    by = {ops.op_name(o): o for o in ops.op_db()}
+    assert "skips test_compare_cpu" in conformance.declared("compare", by["byte"])
+    assert "expected failure" in conformance.declared("out_warning", by["lu"])
+    assert conformance.declared("compare", by["add"]) is None
+    assert conformance.declared("out", by["add"]) is None
+    run = {"command": "x", "started": "now"}
+    report.merge(tmp_path, "conformance", "strict",
+                 {"byte": {"compare": {"status": "fail", "detail": "wraps"}},
+                  "add": {"compare": {"status": "pass"}}}, run)
+    report.write_conformance(tmp_path, ("strict",), tmp_path / "expected")
+    page = (tmp_path / "CONFORMANCE.md").read_text()
+    assert "| compare | 1 / 1 (100.0%), 1 declared |" in page
+    assert report.load_expected("conformance", tmp_path / "expected") == {}
+
+
+def test_as_accurate_judges_against_the_wider_result():
+    """Where float32 rounding decides, tpu's value may differ from CPU's and still be as
+    close to the float64 result; one further away than twice CPU's worst error is not."""
+    ref = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    cpu = torch.tensor([1.01, 2.0, 3.0])
+    assert compare.as_accurate(cpu, torch.tensor([1.0, 2.015, 3.0]), ref, torch.float32) is None
+    reason = compare.as_accurate(cpu, torch.tensor([1.0, 2.05, 3.0]), ref, torch.float32)
+    assert reason and "1/3 elements further from the float64 result" in reason
+    nan_ref = torch.tensor([float("nan"), 1.0], dtype=torch.float64)
+    assert compare.as_accurate(torch.tensor([0.0, 1.0]), torch.tensor([float("nan"), 1.0]),
+                               nan_ref, torch.float32) is None
+
+
 @pytest.mark.slow
 def test_cli_validate_conformance_runs_in_a_child():
     env = dict(os.environ, HF_HUB_OFFLINE="1")

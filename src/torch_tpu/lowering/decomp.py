@@ -77,6 +77,12 @@ REASONS = {op: why for why, ops in _REASONS.items() for op in ops}
 DECOMPOSITIONS = {op: decomposition_table[op] for op in REASONS}
 DECOMPOSITIONS[aten.native_batch_norm.default] = native_batch_norm_decomposition
 
-# op -> why it runs on CPU
+# op -> why it runs on CPU (counted in metrics.fallback_ops, warned once per op)
+_LDL = ("LAPACK's Bunch-Kaufman LDL^T (sytrf/sytrs): its LD and pivots are LAPACK's own "
+        "format, which XLA has no decomposition for")
 CPU_FALLBACKS: dict = {
+    aten.linalg_ldl_factor_ex.default: _LDL,
+    aten.linalg_ldl_factor_ex.out: _LDL,
+    aten.linalg_ldl_solve.default: _LDL,
+    aten.linalg_ldl_solve.out: _LDL,
 }

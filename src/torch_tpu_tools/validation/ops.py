@@ -243,10 +243,8 @@ def check_sample(opinfo, sample, dtype, mode, check_grad: bool, fn=None) -> dict
         reason, same_indices = compare.indexed_close(name, sample, cpu_ref, got, dtype)
     else:
         reason = compare.values_close(cpu_ref, got, dtype)
-        if reason and dtype in _LOW:
-            reason = _against_f32(reason, lambda r32: compare.values_close(
-                _like(compare.leaves(r32[0]), compare.leaves(cpu_ref)),
-                compare.leaves(got), dtype), fn, sample)
+        if reason and name not in compare.SCRATCH:
+            reason = rounding_verdict(reason, fn, sample, dtype, cpu_ref, got)
     if reason:
         return {"status": "fail", "kind": "mismatch", "detail": reason}
     if not grad or not same_indices:  # tied indices route gradients elsewhere, validly
@@ -262,7 +260,7 @@ def check_sample(opinfo, sample, dtype, mode, check_grad: bool, fn=None) -> dict
     try:
         with torch_tpu.eager_mode(mode):
             tt = _grad_targets(opinfo, sample, out)
-            got_g = _to_cpu(_grads(tt, tpu_leaves, [c.to("tpu") for c in cots]))
+            got_g = _to_cpu(_grads(tt, tpu_leaves, [c.to(t.device) for c, t in zip(cots, tt)]))
     except _Timeout:
         raise
     except Exception as e:
@@ -270,26 +268,34 @@ def check_sample(opinfo, sample, dtype, mode, check_grad: bool, fn=None) -> dict
         kind = "grad_missing_lowering" if c["kind"] == "missing_lowering" else "grad_error"
         return {"status": "fail", **c, "kind": kind, "detail": "grad: " + c["detail"]}
     reason = compare.values_close(_to_cpu(want), got_g, dtype, grad=True, what="grad")
-    if reason and dtype in _LOW:
-        def grads32(r32):
-            out32, leaves32, sample32 = r32
-            t32 = _grad_targets(opinfo, sample32, out32)
-            g32 = _grads(t32, leaves32, [c.to(t.dtype) for c, t in zip(cots, t32)])
-            return compare.values_close(_like(g32, want), got_g, dtype, grad=True, what="grad")
-        reason = _against_f32(reason, grads32, fn, sample)
+    if reason and dtype in _LOW + _SINGLE:
+        def wider_grads(r):
+            out_w, leaves_w, sample_w = r
+            t_w = _grad_targets(opinfo, sample_w, out_w)
+            g_w = _grads(t_w, leaves_w, [c.to(t.dtype) for c, t in zip(cots, t_w)])
+            if dtype in _LOW:
+                return compare.values_close(_like(g_w, want), got_g, dtype, grad=True,
+                                            what="grad")
+            return compare.as_accurate(want, got_g, g_w, dtype, grad=True, what="grad")
+        reason = _against_wider(reason, wider_grads, fn, sample,
+                                _LOW if dtype in _LOW else _SINGLE)
     if reason:
         return {"status": "fail", "kind": "grad_mismatch", "detail": reason}
     return {"status": "pass", "grad": True}
 
 
-# ---------------------------------------------------------------- low precision
+# ---------------------------------------------------------------- rounding
 _LOW = (torch.bfloat16, torch.float16)
+_SINGLE = (torch.float32, torch.complex64)
+_WIDER = {torch.bfloat16: torch.float32, torch.float16: torch.float32,
+          torch.float32: torch.float64, torch.complex64: torch.complex128}
 
 
-def _upcast(sample):
+def _upcast(sample, narrow):
+    """`sample` with its tensors of the `narrow` dtypes one step wider (_WIDER)."""
     def up(t):
-        if t.dtype in _LOW:
-            return t.detach().float().requires_grad_(t.requires_grad)
+        if t.dtype in narrow:
+            return t.detach().to(_WIDER[t.dtype]).requires_grad_(t.requires_grad)
         return t
     return types.SimpleNamespace(input=_map(sample.input, up), args=_map(list(sample.args), up),
                                  kwargs=_map(dict(sample.kwargs), up),
@@ -302,13 +308,32 @@ def _like(values, refs) -> list:
             isinstance(r, torch.Tensor) else v for v, r in zip(values, refs)]
 
 
-def _against_f32(reason, judge, fn, sample):
-    """A bf16 result that misses CPU's bf16 result may still be right: CPU rounds to bf16
-    after every internal step, XLA keeps f32 inside a fused computation. Such a result is
-    accepted when it matches CPU's computation in f32, rounded to bf16 at the end."""
+def rounding_verdict(reason, fn, sample, dtype, cpu_out, got):
+    """`reason` (tpu's forward result `got` missed CPU's `cpu_out`), or None where the
+    wider computation shows the miss is rounding (`_against_wider`)."""
+    if dtype in _LOW:
+        return _against_wider(reason, lambda r32: compare.values_close(
+            _like(compare.leaves(r32[0]), compare.leaves(cpu_out)), compare.leaves(got),
+            dtype), fn, sample, _LOW)
+    if dtype in _SINGLE:
+        return _against_wider(reason, lambda r64: compare.as_accurate(
+            cpu_out, got, r64[0], dtype), fn, sample, _SINGLE)
+    return reason
+
+
+def _against_wider(reason, judge, fn, sample, narrow):
+    """A result that misses CPU's may still be right where rounding decides:
+    - bf16 / fp16: CPU rounds to 16 bits after every internal step, XLA keeps f32 inside a
+      fused computation; accepted when it matches CPU's computation in f32, rounded at the
+      end (`narrow` _LOW);
+    - float32: a sum that cancels, a series' last terms; accepted when it is as close to
+      CPU's float64 computation as CPU's own result is (`narrow` _SINGLE,
+      compare.as_accurate).
+    `judge` gets (the wider result, its leaves, the wider sample)."""
     try:
-        out32, leaves32 = _run(fn, _upcast(sample), "cpu", 0)
-        verdict = judge((out32, leaves32, _upcast(sample)))
+        wide = _upcast(sample, narrow)
+        out, leaves = _run(fn, wide, "cpu", 0)
+        verdict = judge((out, leaves, wide))
     except Exception:
         return reason
     return None if verdict is None else reason
