@@ -12,11 +12,17 @@ Steps:
                   value) are passed once, which slots share one is in the key: scalars
                   that become equal (a bias correction reaching 1.0) recompile once
   lookup/compile  one jax.jit per key; a miss explains what differed from the last graph
-                  with the same ops (the recompile reason in metrics)
+                  with the same ops (the recompile reason in metrics). A miss that only
+                  shares more scalars than a compiled graph (values that happened to be
+                  equal: two positions, a schedule crossing a constant) runs that graph,
+                  passing the shared scalar to each of its slots; a miss that shares
+                  differently compiles the graph that shares only what both share, once
+                  (`_sharing`; counted as fused_graphs_shared_scalars)
   run, write back the results become the storages' buffers
 """
 from __future__ import annotations
 
+import array
 import time
 
 import jax
@@ -126,6 +132,55 @@ def _explain(nodes, parts):
     return reason
 
 
+_FINEST: dict = {}  # key less its scalar sharing -> (dyn slots, key) of the graph to share
+_SHARED: dict = {}  # a key run by another graph -> (that graph's key, its scalars' picks)
+
+
+def _loose(key, parts):
+    """The key without which scalar slots share a value: the nodes, outputs and donations
+    as they are, and each slot's own type."""
+    a = memoryview(key).cast("q")
+    _, outs, dyn_slots, dyn_types, donated = parts
+    pos = 1
+    for _ in range(a[0]):
+        pos += 2 + a[pos + 1]
+    head = bytes(a[:pos + 1 + len(outs)])
+    return head, tuple(dyn_types[j] for j in dyn_slots), donated
+
+
+def _sharing(cache, key, parts):
+    """(the key to run, its decoded parts, per scalar that graph takes which of ours, or
+    None for all of ours as they are). Two keys of one graph may differ only in which
+    scalar slots share a value; then the graph whose slots share only where both keys
+    share serves both: the compiled one when it already is that graph, else that graph,
+    to compile once, in place of a graph per pattern of coincidences."""
+    loose = _loose(key, parts)
+    known = _FINEST.get(loose)
+    if known is None or known[1] not in cache:
+        return key, parts, None
+    labels: dict = {}  # (its scalar, ours) -> the scalar the joint graph takes
+    slots = tuple(labels.setdefault(pair, len(labels)) for pair in zip(known[0], parts[2]))
+    if len(labels) == len(set(parts[2])):  # ours shares nothing the compiled one does not
+        return key, parts, None
+    pick = tuple(c for _, c in labels)
+    if slots == known[0]:
+        return known[1], _decode(known[1]), pick
+    types = tuple(parts[3][c] for c in pick)
+    words = array.array("q", memoryview(key).cast("q")[:len(loose[0]) // 8])
+    for section in (slots, types, parts[4]):
+        words.append(len(section))
+        words.extend(section)
+    return words.tobytes(), (*parts[:2], slots, types, parts[4]), pick
+
+
+def _remember(key, parts) -> None:
+    """A compiled graph is the one to share when it shares fewer scalars than the last."""
+    loose = _loose(key, parts)
+    known = _FINEST.get(loose)
+    if known is None or len(set(parts[2])) > len(set(known[0])):
+        _FINEST[loose] = (parts[2], key)
+
+
 class _NodeError(Exception):
     def __init__(self, index, error):
         super().__init__(str(error))
@@ -141,9 +196,21 @@ def flush(nodes) -> None:
     checking = asserts.enabled()  # off: the same graphs without the code (dead in XLA)
     cache = _CACHE if checking else _CACHE_UNCHECKED
     hit = cache.get(key)
+    pick = None
+    if hit is None and key in _SHARED:
+        joint, pick = _SHARED[key]
+        hit = cache.get(joint)
+        if hit is None:  # that graph was evicted
+            del _SHARED[key]
+    if hit is None:
+        key_, parts, pick = _sharing(cache, key, _decode(key))
+        if pick is not None:
+            _SHARED[key] = (key_, pick)
+            metrics.count("fused_graphs_shared_scalars")
+            key, hit = key_, cache.get(key_)
     if hit is None:
         t0 = time.perf_counter()
-        wiring, out_refs, dyn_slots, _, _ = parts = _decode(key)
+        wiring, out_refs, dyn_slots, _, _ = parts
         reason = None
         if checking:  # (asserts off: a second set of graphs, not a recompile)
             reason = _explain(nodes, parts)
@@ -154,12 +221,15 @@ def flush(nodes) -> None:
                          donate, reason)
         # the key names entries by id: holding them keeps the ids theirs
         cache[key] = hit = (fn, [n.entry for n in nodes], checked)
+        _remember(key, parts)
         metrics.count("fused_graphs_compiled")
         metrics.compile_seconds[0] += time.perf_counter() - t0
     else:
         metrics.count("fused_cache_hits")
     metrics.count("fused_nodes", len(nodes))
     metrics.count("fused_donated_buffers", len(donate))
+    if pick is not None:  # a graph that shares fewer scalars: each of its is one of ours
+        dyns = [dyns[j] for j in pick]
     try:
         if hit[2]:  # checked nodes: linked into the device-side asserts' chain
             results = asserts.run_graph(hit[0], (*ext, *dyns), nodes, hit[2])
