@@ -9,8 +9,8 @@ Steps:
   graph key       op entries + wiring + outputs + scalar slots and types + donations, as
                   bytes: tensor data and scalar values are parameters, so a changing
                   learning rate does not recompile. Equal scalars (one cached object per
-                  value) are passed once, which slots share one is in the key: scalars
-                  that become equal (a bias correction reaching 1.0) recompile once
+                  value) are passed once, which slots share one is in the key (AdamW's
+                  per-parameter lists repeat one bias correction: 300 slots, 15 values)
   lookup/compile  one jax.jit per key; a miss explains what differed from the last graph
                   with the same ops (the recompile reason in metrics). A miss that only
                   shares more scalars than a compiled graph (values that happened to be
@@ -173,11 +173,12 @@ def _sharing(cache, key, parts):
     return words.tobytes(), (*parts[:2], slots, types, parts[4]), pick
 
 
-def _remember(key, parts) -> None:
-    """A compiled graph is the one to share when it shares fewer scalars than the last."""
+def _remember(cache, key, parts) -> None:
+    """A compiled graph is the one to share when it shares fewer scalars than the last
+    (or the last was evicted)."""
     loose = _loose(key, parts)
     known = _FINEST.get(loose)
-    if known is None or len(set(parts[2])) > len(set(known[0])):
+    if known is None or known[1] not in cache or len(set(parts[2])) > len(set(known[0])):
         _FINEST[loose] = (parts[2], key)
 
 
@@ -221,7 +222,7 @@ def flush(nodes) -> None:
                          donate, reason)
         # the key names entries by id: holding them keeps the ids theirs
         cache[key] = hit = (fn, [n.entry for n in nodes], checked)
-        _remember(key, parts)
+        _remember(cache, key, parts)
         metrics.count("fused_graphs_compiled")
         metrics.compile_seconds[0] += time.perf_counter() - t0
     else:
