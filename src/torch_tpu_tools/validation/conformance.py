@@ -19,8 +19,9 @@ written here from scratch and judged against CPU wherever the answer is CPU's be
 
 `check(family, opinfo, mode)` is one verdict: {'status': 'pass' | 'fail' | 'na' |
 'cpu_fail' | 'declared', 'detail'}; 'declared' is a check PyTorch's own OpInfo skips or
-expects to fail on every device (`declared`), left out of the counts as torch's suite would. The sweep (`python -m torch_tpu validate conformance`) runs every
-op; tests/ops/test_conformance.py runs a sample through torch's device-type machinery.
+expects to fail on every device (`declared`), left out of the counts as torch's suite
+would. The sweep (`python -m torch_tpu validate conformance`) runs every op;
+tests/ops/test_conformance.py runs a sample through torch's device-type machinery.
 """
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ RESIZED = "resized"  # torch's warning, and arange's own
 
 
 # the test of torch's test/test_ops.py (class TestCommon) each family asks what it asks
-TORCH_TESTS = {"compare": "test_compare_cpu", "out": "test_out", "out_warning": "test_out_warning",
-               "errors": "test_errors", "noncontiguous": "test_noncontiguous_samples",
+TORCH_TESTS = {"compare": "test_compare_cpu", "out": "test_out",
+               "out_warning": "test_out_warning", "errors": "test_errors",
+               "noncontiguous": "test_noncontiguous_samples",
                "variants": "test_variant_consistency_eager", "dtypes": "test_dtypes"}
 _DEVICE_TYPES = ("privateuse1", "tpu")  # what torch's machinery calls this device
 
