@@ -312,6 +312,18 @@ def test_sdpa_backend_choice_follows_torch(eager):
         F.scaled_dot_product_attention(q, k, v, mask, is_causal=True, enable_gqa=True)
 
 
+@pytest.mark.parametrize("mode,antialias", [("bilinear", False), ("bicubic", False),
+                                             ("bilinear", True), ("bicubic", True)])
+def test_float64_interpolation_keeps_float64_positions(eager, mode, antialias):
+    """A float64 input's sampling positions and weights are computed in double, as CPU's
+    kernels do (they were float32's, 2e-7 off: a silent loss of precision)."""
+    x = torch.randn(1, 2, 5, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for size in ((3, 4), (9, 11)):
+        ref = F.interpolate(x, size=size, mode=mode, antialias=antialias)
+        got = F.interpolate(x.to("tpu"), size=size, mode=mode, antialias=antialias)
+        torch.testing.assert_close(got.cpu(), ref, rtol=1e-12, atol=1e-12)
+
+
 def test_sdpa_named_cuda_kernels_take_the_fused_op(eager):
     """A script that asks for CUDA's fused kernels by name, as torchtitan does
     (`sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH])`), gets tpu's fused attention, as

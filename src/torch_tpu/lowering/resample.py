@@ -16,11 +16,12 @@ from .registry import aten, lowering
 
 
 # ---------------------------------------------------------------- upsampling
-def _scale_value(size, out, scale):
-    # torch's compute_scales_value, in float32: 1/scale_factor when one was given
+def _scale_value(size, out, scale, ft=np.float32):
+    # torch's compute_scales_value in the kernel's float type (float32; double for a
+    # float64 input's linear, cubic and antialiased weights): 1/scale_factor when given
     if scale is not None and scale > 0:
-        return np.float32(1.0 / scale)
-    return np.float32(size) / np.float32(out)
+        return ft(1.0 / scale)
+    return ft(size) / ft(out)
 
 
 def _nearest_source(size, out, scale, exact):
@@ -74,7 +75,7 @@ def _interp_matrix(size, out, align_corners, scale, dtype, cubic, antialias=Fals
     if align_corners:
         src = dst * (ft(size - 1) / ft(out - 1) if out > 1 else ft(0))
     else:
-        src = (dst + ft(0.5)) * ft(_scale_value(size, out, scale)) - ft(0.5)
+        src = (dst + ft(0.5)) * _scale_value(size, out, scale, ft) - ft(0.5)
         if not cubic:
             src = np.maximum(src, ft(0))  # linear clamps the position at 0; cubic does not
     m = np.zeros((out, size), np.float64)
@@ -111,7 +112,7 @@ def _antialias_matrix(size, out, align_corners, scale, ft, cubic):
     if align_corners:
         s = ft(size - 1) / ft(out - 1) if out > 1 else ft(0)
     else:
-        s = ft(_scale_value(size, out, scale))
+        s = _scale_value(size, out, scale, ft)
     half = ft(2 if cubic else 1)  # half the filter's width
     support, invscale = (half * s, ft(1) / s) if s >= 1 else (half, ft(1))
     m = np.zeros((out, size), ft)
