@@ -60,10 +60,7 @@ def _out_kernel(op, functional):
             dsts = outs[0]
         else:
             dsts = outs
-        for dst in dsts:
-            if dst.device.type != "tpu":
-                raise RuntimeError(f"Expected out tensor to have device "
-                                   f"{_out_device(args, kwargs)}, but got {dst.device} instead")
+        _check_out_devices(dsts, args, kwargs)
         fkwargs = kwargs
         if dtype_from_out and kwargs.get("dtype") is None and (
                 dsts[0].dtype.is_floating_point or dsts[0].dtype.is_complex or not mean):
@@ -101,6 +98,16 @@ def _factory_resize(op, out, shape) -> None:
             f"resized to a tensor of shape ({n},).", stacklevel=3)
     if out.shape != shape:
         out.resize_(shape)
+
+
+def _check_out_devices(outs, args, kwargs) -> None:
+    """An out= tensor (or list of them) not on tpu is refused, as torch refuses an out on
+    another device than the computation's."""
+    for dst in outs:
+        for t in dst if isinstance(dst, (list, tuple)) else (dst,):
+            if isinstance(t, torch.Tensor) and t.device.type != "tpu":
+                raise RuntimeError(f"Expected out tensor to have device "
+                                   f"{_out_device(args, kwargs)}, but got {t.device} instead")
 
 
 def _out_device(args, kwargs):
@@ -267,11 +274,9 @@ def set_cpu_fallback(enabled: bool) -> None:
 
 def cpu_fallback(op, args, kwargs, reason):
     name = str(op)
-    outs = [kwargs.get(a.name) for a in op._schema.arguments if a.is_out]
-    for dst in outs:  # the check _out_kernel makes: the host copy would accept a CPU out
-        if isinstance(dst, torch.Tensor) and dst.device.type != "tpu":
-            raise RuntimeError(f"Expected out tensor to have device "
-                               f"{_out_device(args, kwargs)}, but got {dst.device} instead")
+    # (the host copy below would accept a CPU out)
+    _check_out_devices([kwargs.get(a.name) for a in op._schema.arguments if a.is_out], args,
+                       kwargs)
     metrics.fallback_ops[name] += 1
     if name not in _warned:
         _warned.add(name)

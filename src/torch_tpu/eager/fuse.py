@@ -132,7 +132,7 @@ def _explain(nodes, parts):
     return reason
 
 
-_FINEST: dict = {}  # key less its scalar sharing -> (dyn slots, key) of the graph to share
+_FINEST: dict = {}  # key less its scalar sharing -> (key, decoded parts) of the graph to share
 _SHARED: dict = {}  # a key run by another graph -> (that graph's key, its scalars' picks)
 
 
@@ -156,15 +156,17 @@ def _sharing(cache, key, parts):
     to compile once, in place of a graph per pattern of coincidences."""
     loose = _loose(key, parts)
     known = _FINEST.get(loose)
-    if known is None or known[1] not in cache:
+    if known is None or known[0] not in cache:
         return key, parts, None
+    known_key, known_parts = known
     labels: dict = {}  # (its scalar, ours) -> the scalar the joint graph takes
-    slots = tuple(labels.setdefault(pair, len(labels)) for pair in zip(known[0], parts[2]))
+    slots = tuple(labels.setdefault(pair, len(labels))
+                  for pair in zip(known_parts[2], parts[2]))
     if len(labels) == len(set(parts[2])):  # ours shares nothing the compiled one does not
         return key, parts, None
     pick = tuple(c for _, c in labels)
-    if slots == known[0]:
-        return known[1], _decode(known[1]), pick
+    if slots == known_parts[2]:
+        return known_key, known_parts, pick
     types = tuple(parts[3][c] for c in pick)
     words = array.array("q", memoryview(key).cast("q")[:len(loose[0]) // 8])
     for section in (slots, types, parts[4]):
@@ -178,8 +180,8 @@ def _remember(cache, key, parts) -> None:
     (or the last was evicted)."""
     loose = _loose(key, parts)
     known = _FINEST.get(loose)
-    if known is None or known[1] not in cache or len(set(parts[2])) > len(set(known[0])):
-        _FINEST[loose] = (parts[2], key)
+    if known is None or known[0] not in cache or len(set(parts[2])) > len(set(known[1][2])):
+        _FINEST[loose] = (key, parts)
 
 
 class _NodeError(Exception):

@@ -78,7 +78,6 @@ def values_close(cpu_out, tpu_out, dtype, grad: bool = False, what: str = "out")
     return None
 
 
-
 def as_accurate(cpu_out, tpu_out, ref_out, dtype, grad: bool = False,
                 what: str = "out") -> str | None:
     """None when `tpu_out` is as accurate as `cpu_out`, both measured against `ref_out`
@@ -110,6 +109,7 @@ def as_accurate(cpu_out, tpu_out, ref_out, dtype, grad: bool = False,
             return (f"{name}: {int((~ok).sum())}/{t.numel()} elements further from the "
                     f"float64 result than CPU's, max |diff| {float(t_err[~ok].max()):.3g}")
     return None
+
 
 def shapes_dtypes(cpu_out, tpu_out) -> str | None:
     cl, tl = leaves(cpu_out), leaves(tpu_out)
