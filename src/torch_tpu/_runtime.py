@@ -34,6 +34,8 @@ import torch  # noqa: E402
 
 from . import _C, _config, _jax_internals, metrics  # noqa: E402
 
+_jax_internals.reuse_ir_contexts()  # (each program's lowering would make its own)
+
 TORCH_TO_JAX = {
     torch.float32: jnp.dtype(jnp.float32),
     torch.float64: jnp.dtype(jnp.float64),

@@ -143,7 +143,13 @@ SCAN_CASES = {
     "0-dim tpu tensor": (True, lambda: (aten.add.Tensor, (_t(2, 3), _tpu(torch.tensor(2.0))), {})),
     "in-place": (True, lambda: (aten.add_.Tensor, (_t(2, 3), _t(2, 3)), {"alpha": 0.5})),
     "in-place reading its own storage": (True, lambda: (lambda a: (aten.add_.Tensor, (a, a[0]), {}))(_t(2, 3))),
-    "int scalar": (True, lambda: (aten.pow.Tensor_Scalar, (_t(3), 2), {})),
+    "int scalar": (True, lambda: (aten.clamp.default, (_t(3), 2), {})),
+    "keyed scalar, common int": (True, lambda: (aten.pow.Tensor_Scalar, (_t(3), 2), {})),
+    "keyed scalar, common float": (True, lambda: (aten.pow.Tensor_Scalar, (_t(3), 0.5), {})),
+    "keyed scalar, inf": (True, lambda: (aten.linalg_vector_norm.default, (_t(3), float("inf")), {})),
+    "keyed scalar, other float": (True, lambda: (aten.pow.Tensor_Scalar, (_t(3), 2.5), {})),
+    "keyed scalar, other int": (True, lambda: (aten.pow.Tensor_Scalar, (_t(3), 4), {})),
+    "keyed scalar, bool": (True, lambda: (aten.pow.Tensor_Scalar, (_t(3), True), {})),
     "None and float scalars": (True, lambda: (aten.clamp.default, (_t(5), None, 0.5), {})),
     "int list, bool static": (True, lambda: (aten.sum.dim_IntList, (_t(2, 3), [0, 1], True), {})),
     "optional tensors None, float static": (
@@ -346,3 +352,18 @@ def test_debug_and_defer_name_the_same_user_line():
     assert line == (where, 3)
     assert location.startswith(_frames.location(where, 3))
     assert debug.user_location is _frames.user_location and defer._user_line is _frames.user_line
+
+
+@pytest.mark.parametrize("value", [0.5, 1, 1.0, 2, 2.0, 3, 3.0, float("inf"), 0, 0.0, 4, 2.5,
+                                   -1, -2.0, float("-inf"), 2 ** 40])
+def test_keyed_scalar_values_agree_in_c_and_python(value):
+    """C's keyed_scalar tests KEYED_VALUES itself: a common value is a constant of the
+    program, keyed by type and value, and passes no device scalar; any other is traced."""
+    plan = _dispatch.plan_for(aten.pow.Tensor_Scalar)
+    vals = opcall.normalize(plan, (_t(3), value), {})
+    ckey, _, cdyns = _C.scan(plan, vals)
+    key, _, dyns = plan.scan(vals)
+    assert ckey == key and len(cdyns) == len(dyns)
+    keyed = type(value) in (int, float) and value in schema.KEYED_VALUES
+    assert key[1][1] == ((type(value), value) if keyed else type(value))
+    assert len(dyns) == (0 if keyed else 1)

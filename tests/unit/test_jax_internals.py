@@ -90,3 +90,31 @@ def test_the_installed_jax_is_the_version_the_pieces_were_read_in(monkeypatch):
     monkeypatch.setattr(jax, "__version__", "0.11.0")
     with pytest.raises(RuntimeError, match=r"0\.10\.2.*'jax': '0\.11\.0'"):
         ji.check_version()
+
+
+def test_lowerings_share_a_thread_s_ir_context_and_renew_it():
+    """reuse_ir_contexts: jit's lowerings on one thread build their modules in one MLIR
+    context until IR_CONTEXT_MODULES of them have, then in a new one; another thread has
+    its own; the programs compute what they did."""
+    import threading
+
+    contexts = []
+
+    def lower_many(out, n):
+        for i in range(n):
+            lowered = jax.jit(lambda x, i=i: x * 2 + i).lower(jnp.ones(3))
+            out.append(lowered.compiler_ir().context)
+
+    lower_many(contexts, ji.IR_CONTEXT_MODULES + 2)
+    ids = [id(c) for c in contexts]
+    assert len(set(ids)) in (2, 3)  # (the first may continue a context already in use)
+    assert ids[-1] == ids[-2] and ids[-1] != ids[-2 - ji.IR_CONTEXT_MODULES]
+    other = []
+    t = threading.Thread(target=lower_many, args=(other, 2))
+    t.start()
+    t.join()
+    assert other[0] is other[1] and other[0] is not contexts[-1]
+    np.testing.assert_array_equal(jax.jit(lambda x: x * 2 + 5)(jnp.ones(3)), np.full(3, 7.0))
+    ji.reuse_ir_contexts()  # idempotent: still one wrapper
+    from jax._src.interpreters import mlir  # (the test may read the private piece)
+    assert mlir.ModuleContext.__init__.torch_tpu_shared

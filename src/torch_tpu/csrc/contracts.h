@@ -21,7 +21,7 @@ namespace torch_tpu {
 // OPT_TENSOR is "one tensor", kind <= OPT_TENSOR_LIST (scalars ruled out) "a tensor list".
 #define TPU_ARG_KINDS(X) \
   X(TENSOR) X(OPT_TENSOR) X(TENSOR_LIST) X(OPT_TENSOR_LIST) X(SCALAR) X(SCALAR_LIST) \
-  X(GENERATOR) X(STATIC) X(STATIC_NUMBER)
+  X(GENERATOR) X(STATIC) X(STATIC_NUMBER) X(SCALAR_KEYED)
 
 #define TPU_ENUM_ITEM(k) k,
 enum Kind { TPU_ARG_KINDS(TPU_ENUM_ITEM) N_KINDS };

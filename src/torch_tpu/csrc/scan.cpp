@@ -26,6 +26,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "contracts.h"
@@ -196,6 +197,23 @@ struct Scan {
     if (v == Py_None || PyBool_Check(v)) return PyTuple_Pack(2, g_eq, v);
     if (!PyLong_CheckExact(v) && !PyFloat_CheckExact(v) && !PyComplex_CheckExact(v)) return BAIL;
     return number(v);
+  }
+
+  // SCALAR_KEYED (lowering/schema.py KEYED_VALUES): 0.5, 1, 2, 3 or inf (an exact int or
+  // float) is keyed by value, (type, value), a constant of the program; any other number
+  // is a SCALAR.
+  PyObject* keyed_scalar(PyObject* v) {
+    bool common = false;
+    if (PyFloat_CheckExact(v)) {
+      const double x = PyFloat_AS_DOUBLE(v);
+      common = x == 0.5 || x == 1.0 || x == 2.0 || x == 3.0 || x == HUGE_VAL;
+    } else if (PyLong_CheckExact(v)) {
+      int overflow = 0;
+      const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+      common = overflow == 0 && x >= 1 && x <= 3;
+    }
+    if (common) return PyTuple_Pack(2, reinterpret_cast<PyObject*>(Py_TYPE(v)), v);
+    return scalar(v);
   }
 
   PyObject* tensor_list(PyObject* v) {
@@ -380,6 +398,9 @@ PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals) {
         break;
       case SCALAR:
         p = s.scalar(v);
+        break;
+      case SCALAR_KEYED:
+        p = s.keyed_scalar(v);
         break;
       case SCALAR_LIST:
         p = s.scalar_list(v);

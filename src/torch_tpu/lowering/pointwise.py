@@ -14,7 +14,7 @@ from jax import lax
 from .. import _runtime
 from ._dtypes import (cast_operands, is_inexact, pointwise, promote, result_dtype, round_to,
                       scalar_like)
-from .registry import aten, lowering
+from .registry import aten, keyed_scalars, lowering
 
 
 def _is_int(x) -> bool:
@@ -123,22 +123,32 @@ def _int_pow(base, exp):
     return jnp.where(exp < 0, negative, acc)
 
 
-@pointwise(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar, operands=2)
+# torch's kernel computes the common exponents as products and sqrt, exact (RMSNorm's
+# x ** 2, and its gradient's x ** 1 and rsqrt's x ** 3, are in every layer)
+_COMMON_POWERS = {2: lambda b: b * b, 3: lambda b: b * b * b, 0.5: jnp.sqrt, 1: lambda b: b}
+
+
+@lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+@keyed_scalars("exponent")
 def _pow(base, exp):
+    # pow.Tensor_Scalar's exponent is SCALAR_KEYED: a common one comes as a Python number,
+    # keying its own program (read before the operands are cast, which stages them)
+    common = _COMMON_POWERS.get(exp) if type(exp) in (int, float) else None
+    base, exp = cast_operands(base, exp)
     if base.dtype == jnp.bool_:
         return _int_pow(base.astype(jnp.int64), exp.astype(jnp.int64))
     if _is_int(base):
         return _int_pow(base, exp)
+    if common is not None:
+        return common(base)
     if jnp.ndim(exp) != 0:
         return lax.pow(*jnp.broadcast_arrays(base, exp))
-    # A Scalar exponent is traced (one program serves every value), so XLA cannot
-    # specialize x ** 2 itself. torch's kernel computes the common exponents as products
-    # and sqrt, exact: a switch runs only the branch the exponent picks (a select would
-    # compute the general pow of every element too, ~20 ns each on XLA:CPU; RMSNorm's
-    # x ** 2 and its gradient's x ** 1 are in every layer).
-    branches = [lambda b: b * b, lambda b: b * b * b, jnp.sqrt, lambda b: b,
-                lambda b: lax.pow(b, jnp.broadcast_to(exp, b.shape))]
-    index = jnp.select([exp == 2, exp == 3, exp == 0.5, exp == 1], [0, 1, 2, 3], 4)
+    # A traced Scalar exponent (one program serves every value): XLA cannot specialize
+    # x ** 2 itself, so a switch runs only the branch the exponent picks (a select would
+    # compute the general pow of every element too, ~20 ns each on XLA:CPU).
+    branches = [*_COMMON_POWERS.values(), lambda b: lax.pow(b, jnp.broadcast_to(exp, b.shape))]
+    index = jnp.select([exp == v for v in _COMMON_POWERS], list(range(len(_COMMON_POWERS))),
+                       len(_COMMON_POWERS))
     return lax.switch(index, branches, base)
 
 

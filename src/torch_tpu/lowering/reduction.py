@@ -15,7 +15,7 @@ from jax import lax
 
 from .._runtime import jax_dtype
 from .creation import _ramp
-from .registry import aten, lowering
+from .registry import aten, keyed_scalars, lowering
 
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 
@@ -253,7 +253,8 @@ def _two_norm(axes, keepdim):
 
 def _vector_norm(x, ord, axes, keepdim):
     """sum(|x|^ord)^(1/ord) with torch's special orders inf, -inf and 0. `ord` is a
-    Scalar, so it may be a traced value: the special cases are a `lax.switch`."""
+    Scalar: a common one (SCALAR_KEYED) is a Python number, whose case is picked here;
+    another may be a traced value, and the special cases are a `lax.switch`."""
     a = jnp.abs(x)
     if a.dtype in _LOW_PRECISION:
         a = a.astype(jnp.float32)
@@ -279,6 +280,7 @@ def _vector_norm(x, ord, axes, keepdim):
 
 
 @lowering(aten.linalg_vector_norm.default)
+@keyed_scalars("ord")
 def _linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     x = self.astype(jax_dtype(dtype)) if dtype is not None else self
     return _vector_norm(x, ord, _axes(self, dim), keepdim)

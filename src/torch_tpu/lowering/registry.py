@@ -67,6 +67,17 @@ def traced_floats(fn):
     return fn
 
 
+def keyed_scalars(*names):
+    """Mark a lowering whose Scalar arguments `names` pass their common values (0.5, 1, 2,
+    3) as Python numbers, each keying a program of its own, and others as traced scalars
+    (lowering/schema.py, SCALAR_KEYED)."""
+    def mark(fn):
+        fn.keyed_scalars = frozenset(names)
+        return fn
+
+    return mark
+
+
 def index_bounds(spec):
     """Declare a lowering's index arguments: `spec(vals)` (the op's arguments in schema
     order) -> [lowering.bounds.Bound]. Debug checks them on the host before the op runs;

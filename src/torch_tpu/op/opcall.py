@@ -28,8 +28,9 @@ import torch
 from .. import _C, _config, _precision, _runtime, _storage, _tree, metrics
 from .._rng import default_generator, draw
 from ..lowering.registry import bounds_of
-from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_LIST,
-                               STATIC, STATIC_NUMBER, TENSOR_LIST, OpSchema)
+from ..lowering.schema import (GENERATOR, KEYED_VALUES, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR,
+                               SCALAR_KEYED, SCALAR_LIST, STATIC, STATIC_NUMBER, TENSOR_LIST,
+                               OpSchema)
 from . import asserts, current, refusals
 
 
@@ -161,14 +162,17 @@ class OpPlan(OpSchema):
                 parts.append(self._tensor_part(v, bufs, dyns, recs))
             elif k == STATIC_NUMBER:
                 parts.append((type(v), v))
-            elif k == SCALAR:
+            elif k == SCALAR or k == SCALAR_KEYED:
                 if v is None or isinstance(v, bool):
                     parts.append(("=", v))
                 else:
                     if isinstance(v, torch.Tensor):
                         v = v.item()
-                    parts.append(type(v))
-                    dyns.append(device_scalar(v))
+                    if k == SCALAR_KEYED and type(v) in (int, float) and v in KEYED_VALUES:
+                        parts.append((type(v), v))  # a constant of the program
+                    else:
+                        parts.append(type(v))
+                        dyns.append(device_scalar(v))
             elif k <= OPT_TENSOR_LIST:
                 if self.host_indices:
                     v = _upload_indices(v)
@@ -354,7 +358,7 @@ class OpPlan(OpSchema):
                 elif k <= OPT_TENSOR:
                     x, b = read(part, bufs, b, dyns_it, offsets)
                     args.append(x)
-                elif k == SCALAR:
+                elif k == SCALAR or k == SCALAR_KEYED:
                     args.append(part[1] if isinstance(part, tuple) else next(dyns_it))
                 elif k <= OPT_TENSOR_LIST:
                     xs = []
@@ -494,7 +498,7 @@ def _abstract_inputs(parts, plan):
                 bufs.append(jax.ShapeDtypeStruct((p[4],), p[5]))
                 if p[2] == _storage.DYNAMIC:
                     dyns.append(0)
-        if k == SCALAR and not isinstance(part, tuple):
+        if (k == SCALAR or k == SCALAR_KEYED) and not isinstance(part, tuple):
             dyns.append(part())
         if k == SCALAR_LIST:
             dyns.extend(t() for t in part)
