@@ -75,7 +75,7 @@ def test_a_compiled_training_step_flushes_as_one_program_with_cpu_numbers():
     for run in (strict, defer):
         for k in ("losses", "norms", "grads", "weight"):
             _close(run[k], cpu[k])
-    # from the third step on (the first calls of each graph run at once, and trace): the
+    # from the third step on (the first two build what the later ones reuse): the
     # three graphs record, one flush (the optimizer step's end) runs them with the
     # clipping's eager ops, from one cached program; step 5's gradient read flushes once more, its two
     # graphs (the step before and after the read) compiled once

@@ -63,14 +63,18 @@ def test_padded_batch_with_eos_equals_cpu(mode):
     assert second["programs"] == 0, second
 
 
-@pytest.mark.parametrize("mode", ("strict", "defer_and_fuse"))
+@pytest.mark.parametrize("mode", ("strict", "defer_and_fuse", "static"))
 def test_decode_step_captured_and_replayed(mode):
     """Greedy, a left-padded batch with an EOS one row reaches early, no scores: each call
     captures its decode step and replays it once a token (the step past the stop
     included), the sequences equal CPU's, and the second call (same bucket, the step
-    captured again) compiles nothing."""
+    captured again) compiles nothing. With the static cache, transformers' compiled
+    forward is one node of the captured step from its first call: its graph compiles
+    only inside the step's program, never on its own."""
     (first, second), summary = _run(mode, "16,20", "--batch-eos", "--plain")
     assert summary["captured"] == 2 and summary["uncaptured"] == {}, summary
+    if mode == "static":
+        assert summary["compiled_programs"] == 0, summary
     # 16 and 20 new tokens: the first comes from the prefill, one replay each after it,
     # the stop read one step late (the EOS row does not stop the batch: max_length does)
     assert summary["replays"] == 15 + 19, summary

@@ -218,6 +218,29 @@ def test_a_compiled_module_inside_the_region_replays_with_it():
     assert not torch.equal(outs[0], outs[1])
 
 
+def test_a_compiled_graph_first_called_inside_the_region_compiles_only_with_it():
+    """A torch.compile graph called for the first time inside a region: its results'
+    shapes come from an abstract trace, so it is recorded like a warm call; its graph is
+    compiled inside the region's program only, never as a program of its own, and
+    replays equal the compiled call made after the capture."""
+    net = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).to("tpu")
+    fn = torch.compile(net, backend="tpu")
+    x = torch.randn(4, 8).to("tpu")
+    compiled = torch.tpu.compile_cache_stats(programs=False, disk=False)["kinds"]["compiled"]
+    before = compiled["xla_compiles"]
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        y = fn(x) + 1
+    g.replay()
+    got = y.cpu()
+    kinds = torch.tpu.compile_cache_stats(programs=False, disk=False)["kinds"]
+    assert kinds["compiled"]["xla_compiles"] == before
+    x.copy_(torch.randn(4, 8))
+    g.replay()
+    torch.testing.assert_close(y.cpu(), (net(x) + 1).cpu())
+    assert not torch.equal(got, y.cpu())
+
+
 def test_hf_llama_decode_step_over_a_static_cache_replays():
     """An HF Llama's decode step over its StaticCache, captured: HF's host-side checks
     (is_tracing) see the capture, as they see CUDA's, and replayed tokens equal eager's."""

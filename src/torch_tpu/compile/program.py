@@ -174,11 +174,16 @@ class Program:
                 exe = self._build(key, len(bufs), len(offsets))
                 self.cache[key] = exe
             self.last = (prec, exe)
-        if ex is not None:
-            if exe.results not in (None, False):  # (a graph with no outputs has ())
-                return self._record(ex, exe, bufs, storages, offsets, args)
-            flush_pending("compiled_graph")  # its first call runs now (the trace fills its specs)
-            parts, bufs, storages, offsets, same = _scan(kinds, args, self.memo) or self._scan(args)
+        if ex is not None:  # (a deferrable graph: its results stay on the device)
+            if exe.results is None:
+                # its results' specs from an abstract trace: a first call records too, and
+                # compiles only inside the graph it joins (not also on its own)
+                specs = [jax.ShapeDtypeStruct((n,), jdt) for _, n, jdt in
+                         (getattr(st, _storage.ATTR) for st in storages)]
+                jax.eval_shape(exe.raw, *specs, *offsets, *([0, 0] if self.n_seeded else ()),
+                               *self.consts.values())
+                _settle(exe)
+            return self._record(ex, exe, bufs, storages, offsets, args)
         if self.n_seeded:
             extra.extend(draw(default_generator(), self.n_seeded))
         metrics.counters["compile.calls"] += 1
@@ -213,10 +218,8 @@ class Program:
             else:
                 outs.append(spec.value)
         args.clear()  # the boxed convention: let inputs die as early as possible
-        if exe.results is None:  # decided once, after the trace filled the specs
-            exe.results = all(s.kind in (OUT_TPU, OUT_INPUT, OUT_STATIC) for s in exe.outs) and tuple(
-                (s.kind, s.shape, s.stride, s.dtype, s.n, s.jdt) if s.kind == OUT_TPU
-                else (s.kind, s.value) for s in exe.outs)
+        if exe.results is None:
+            _settle(exe)
         return outs
 
     def _record(self, ex, exe, bufs, storages, offsets, args):
@@ -387,6 +390,15 @@ class Program:
                                 [ph.name for ph in placeholders])
         metrics.compile_seconds[0] += time.perf_counter() - t0
         return exe
+
+
+def _settle(exe) -> None:
+    """Decide the executable's `results` once its trace filled the output specs: the
+    fresh results' (shape, strides, dtype, length) and what the others are, or False when
+    a result comes back to the host (such a call cannot be a pending node)."""
+    exe.results = all(s.kind in (OUT_TPU, OUT_INPUT, OUT_STATIC) for s in exe.outs) and tuple(
+        (s.kind, s.shape, s.stride, s.dtype, s.n, s.jdt) if s.kind == OUT_TPU
+        else (s.kind, s.value) for s in exe.outs)
 
 
 class _GraphEntry:

@@ -24,8 +24,9 @@ As in CUDA:
 
 What capture cannot hold raises CaptureError naming the op and the user's line: a host
 sync (`.item()`, `.cpu()`, printing a tensor), an op whose result's shape depends on the
-data (`nonzero`), a CPU tensor read into the region, a compiled graph's first call (a
-torch.compile graph called warm is one node of the region), a random op on a generator other than the default one, and an eager-mode switch. A replay
+data (`nonzero`), a CPU tensor read into the region, the first call of a compiled graph
+that reads or returns CPU tensors (any other torch.compile graph is one node of the
+region, from its first call), a random op on a generator other than the default one, and an eager-mode switch. A replay
 refuses a captured storage whose size changed.
 
 Not kept from the eager modes: device-side asserts (an out-of-range index inside a
@@ -61,8 +62,9 @@ _SYNCS = {"item": "reads a value on the host (.item(), a Python bool or number o
           "print": "prints a tensor (reads it on the host)",
           "synchronize": "waits for the device (torch.tpu.synchronize)",
           "data_dependent": "makes a tensor whose shape depends on the data",
-          "compiled_graph": "calls a torch.compile graph for the first time (call it once "
-                            "before the capture: its first call traces and runs at once)",
+          "compiled_graph": "calls a torch.compile graph that reads or returns CPU tensors "
+                            "for the first time (call it once before the capture: that "
+                            "first call runs at once)",
           "collective": "runs a collective"}
 
 
