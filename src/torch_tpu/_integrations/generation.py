@@ -42,9 +42,9 @@ processors or criteria, scores or logits returned, a streamer, or a region captu
 of the step (compile/program.py records a first call from an abstract trace), so it compiles
 once, inside the step's program, and the eager ops around it replay with it (before: 69
 programs and 5.7 s for a cold 32-token call of the tiny Llama, 650 tokens/s warm; after:
-19 programs, 4.4 s, ~1,180 tokens/s). In Strict, a call whose step is captured runs the rest (the buffers, the prefill, the first
-token, the stop flags) as DeferAndFuse does: a few fused programs per prompt length, not
-one per op.
+19 programs, 4.4 s, ~1,180 tokens/s). In Strict, a call whose step is captured runs the
+rest (the buffers, the prefill, the first token, the stop flags) as DeferAndFuse does: a
+few fused programs per prompt length, not one per op.
 
 The user's choice of cache keeps its meaning: the default dynamic cache runs in the eager
 mode (Strict, DeferAndFuse), and `cache_implementation="static"` keeps transformers'

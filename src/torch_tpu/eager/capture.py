@@ -26,8 +26,8 @@ What capture cannot hold raises CaptureError naming the op and the user's line: 
 sync (`.item()`, `.cpu()`, printing a tensor), an op whose result's shape depends on the
 data (`nonzero`), a CPU tensor read into the region, the first call of a compiled graph
 that reads or returns CPU tensors (any other torch.compile graph is one node of the
-region, from its first call), a random op on a generator other than the default one, and an eager-mode switch. A replay
-refuses a captured storage whose size changed.
+region, from its first call), a random op on a generator other than the default one, and
+an eager-mode switch. A replay refuses a captured storage whose size changed.
 
 Not kept from the eager modes: device-side asserts (an out-of-range index inside a
 captured region is clamped, not reported), and buffer donation (a replay holds the old and

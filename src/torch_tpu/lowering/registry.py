@@ -68,9 +68,9 @@ def traced_floats(fn):
 
 
 def keyed_scalars(*names):
-    """Mark a lowering whose Scalar arguments `names` pass their common values (0.5, 1, 2,
-    3) as Python numbers, each keying a program of its own, and others as traced scalars
-    (lowering/schema.py, SCALAR_KEYED)."""
+    """Mark a lowering whose Scalar arguments `names` pass their common values
+    (lowering/schema.py KEYED_VALUES) as Python numbers, each keying a program of its own,
+    and any other value as a traced scalar (SCALAR_KEYED)."""
     def mark(fn):
         fn.keyed_scalars = frozenset(names)
         return fn
