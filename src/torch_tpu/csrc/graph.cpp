@@ -248,13 +248,35 @@ PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 // ------------------------------------------------------------ flushing
+// Whether a node's scalar is an integer: a Python int, or a device scalar of an integer
+// dtype (flush_plan passes those per slot).
+bool integral(PyObject* d) {
+  if (PyLong_CheckExact(d)) return true;
+  if (PyFloat_CheckExact(d)) return false;
+  PyObject* dt = PyObject_GetAttr(d, g_names[N_DTYPE]);
+  PyObject* kind = dt == nullptr ? nullptr : PyObject_GetAttrString(dt, "kind");
+  Py_XDECREF(dt);
+  if (kind == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const bool whole = PyUnicode_Check(kind) && (PyUnicode_CompareWithASCIIString(kind, "i") == 0 ||
+                                               PyUnicode_CompareWithASCIIString(kind, "u") == 0);
+  Py_DECREF(kind);
+  return whole;
+}
+
 // flush_plan(nodes, donate) -> (key, ext, dyns, storages, donated):
 //   node.pos = its index; each node's inputs wired to an external buffer (an index into
 //   `ext`, the distinct external buffers) or to an earlier node's output; node.bufs
 //   dropped, so that from here on only `ext` holds the inputs; the values a live storage
 //   still holds become the graph's outputs, in the order of `storages`.
 //   dyns: the distinct scalar objects the nodes take (a cached device scalar is one object
-//   per value: AdamW's per-parameter lists repeat one bias correction), each passed once.
+//   per value: AdamW's per-parameter lists repeat one bias correction), each passed once;
+//   an integer (a Python int, or a device scalar of an integer dtype: a view's offset
+//   passed as data, a length, a seed) is passed per slot instead. Equal integers coincide
+//   by chance (nanoGPT's sampling loop: its window's start meets the attention's
+//   q/k/v offsets at 64 once), and a key that followed them compiled a graph per pattern.
 //   donated: indices of external buffers the graph overwrote and nothing else holds
 //   (their only reference left is `ext`), at most one per output of the same length and
 //   dtype (XLA reuses a donated buffer only for such an output).
@@ -291,6 +313,7 @@ PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   key.push_back(n);
   std::unordered_map<PyObject*, int64_t> ext_index;
   std::unordered_map<PyObject*, int64_t> dyn_index;  // the distinct scalar objects
+  std::unordered_map<PyObject*, bool> dyn_integral;   // (integral(), once per object)
   std::vector<int64_t> dyn_slots;                     // each node's scalars, in order
   // outputs no donated buffer took yet, by (length, dtype): numpy's dtypes are singletons
   std::map<std::pair<int64_t, PyObject*>, int64_t> free_slots;
@@ -327,6 +350,13 @@ PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const Py_ssize_t nd = PyList_GET_SIZE(node->dyns);
     for (Py_ssize_t k = 0; k < nd; ++k) {
       PyObject* d = PyList_GET_ITEM(node->dyns, k);
+      auto known = dyn_integral.find(d);
+      if (known == dyn_integral.end()) known = dyn_integral.emplace(d, integral(d)).first;
+      if (known->second) {  // never shared (see the top)
+        dyn_slots.push_back(PyList_GET_SIZE(dyns));
+        if (PyList_Append(dyns, d) < 0) goto done;
+        continue;
+      }
       auto it = dyn_index.find(d);
       if (it == dyn_index.end()) {
         it = dyn_index.emplace(d, PyList_GET_SIZE(dyns)).first;
