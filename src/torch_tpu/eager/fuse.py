@@ -10,7 +10,9 @@ Steps:
                   bytes: tensor data and scalar values are parameters, so a changing
                   learning rate does not recompile. Equal scalars (one cached object per
                   value) are passed once, which slots share one is in the key (AdamW's
-                  per-parameter lists repeat one bias correction: 300 slots, 15 values)
+                  per-parameter lists repeat one bias correction: 300 slots, 15 values);
+                  integers (offsets passed as data, lengths, seeds) are passed per slot,
+                  since equal ones coincide by chance
   lookup/compile  one jax.jit per key; a miss explains what differed from the last graph
                   with the same ops (the recompile reason in metrics). A miss that only
                   shares more scalars than a compiled graph (values that happened to be
