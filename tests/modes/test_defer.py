@@ -360,6 +360,21 @@ def test_scalars_that_coincide_differently_compile_one_graph_for_all():
     assert metrics.counters["fused_graphs_compiled"] == before + 2
 
 
+def test_integers_that_coincide_compile_no_graph_of_their_own():
+    """Views whose offsets are data (a sliding window and a fixed slice of one buffer):
+    where the window's start first meets the fixed slice's, the offsets are still two
+    arguments, so the later starts run the same graph (integers are passed per slot; a
+    shared one made a graph that the next start could not run)."""
+    host = torch.arange(256.0)
+    x = host.to("tpu")
+    with torch_tpu.eager_mode(DEFER):
+        before = metrics.counters.get("fused_graphs_compiled", 0)
+        for i in (64, 65, 66, 64, 3):
+            got = (x[i:i + 8] * 2 + x[64:72]).cpu()
+            torch.testing.assert_close(got, host[i:i + 8] * 2 + host[64:72])
+    assert metrics.counters["fused_graphs_compiled"] == before + 1
+
+
 def test_upload_is_a_pending_node_that_keeps_the_values_it_was_given():
     with torch_tpu.eager_mode(DEFER):
         torch_tpu.sync()
