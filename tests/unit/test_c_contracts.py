@@ -364,6 +364,6 @@ def test_keyed_scalar_values_agree_in_c_and_python(value):
     ckey, _, cdyns = _C.scan(plan, vals)
     key, _, dyns = plan.scan(vals)
     assert ckey == key and len(cdyns) == len(dyns)
-    keyed = type(value) in (int, float) and value in schema.KEYED_VALUES
+    keyed = schema.keyed(value)
     assert key[1][1] == ((type(value), value) if keyed else type(value))
     assert len(dyns) == (0 if keyed else 1)

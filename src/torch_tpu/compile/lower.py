@@ -33,8 +33,8 @@ import torch._functorch._activation_offloading.offload_ops  # noqa: F401  (torch
 from .. import _jax_internals, _runtime, _storage
 from . import flex
 from ..lowering import registry
-from ..lowering.schema import (GENERATOR, KEYED_VALUES, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR,
-                               SCALAR_KEYED, SCALAR_LIST, TENSOR_LIST, OpSchema)
+from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_KEYED,
+                               SCALAR_LIST, TENSOR_LIST, OpSchema, keyed)
 
 aten = torch.ops.aten
 
@@ -84,7 +84,7 @@ def _weak(v):
 
 
 def _jaxify(v, kind):
-    if kind == SCALAR_KEYED and type(v) in (int, float) and v in KEYED_VALUES:
+    if kind == SCALAR_KEYED and keyed(v):
         return v  # a constant the lowering specializes on, as eager keys it
     if kind == SCALAR or kind == SCALAR_KEYED or kind <= OPT_TENSOR:
         return _weak(v)

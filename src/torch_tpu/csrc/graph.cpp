@@ -312,8 +312,8 @@ PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   key.reserve(8 * n + 64);
   key.push_back(n);
   std::unordered_map<PyObject*, int64_t> ext_index;
-  std::unordered_map<PyObject*, int64_t> dyn_index;  // the distinct scalar objects
-  std::unordered_map<PyObject*, bool> dyn_integral;   // (integral(), once per object)
+  // the distinct scalar objects -> their index in dyns, or -1: an integer, passed per slot
+  std::unordered_map<PyObject*, int64_t> dyn_index;
   std::vector<int64_t> dyn_slots;                     // each node's scalars, in order
   // outputs no donated buffer took yet, by (length, dtype): numpy's dtypes are singletons
   std::map<std::pair<int64_t, PyObject*>, int64_t> free_slots;
@@ -350,19 +350,18 @@ PyObject* flush_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const Py_ssize_t nd = PyList_GET_SIZE(node->dyns);
     for (Py_ssize_t k = 0; k < nd; ++k) {
       PyObject* d = PyList_GET_ITEM(node->dyns, k);
-      auto known = dyn_integral.find(d);
-      if (known == dyn_integral.end()) known = dyn_integral.emplace(d, integral(d)).first;
-      if (known->second) {  // never shared (see the top)
-        dyn_slots.push_back(PyList_GET_SIZE(dyns));
-        if (PyList_Append(dyns, d) < 0) goto done;
-        continue;
-      }
       auto it = dyn_index.find(d);
       if (it == dyn_index.end()) {
-        it = dyn_index.emplace(d, PyList_GET_SIZE(dyns)).first;
-        if (PyList_Append(dyns, d) < 0) goto done;
+        const bool shared = !integral(d);
+        it = dyn_index.emplace(d, shared ? PyList_GET_SIZE(dyns) : -1).first;
+        if (shared && PyList_Append(dyns, d) < 0) goto done;
       }
-      dyn_slots.push_back(it->second);
+      if (it->second < 0) {  // an integer: never shared (see the top)
+        dyn_slots.push_back(PyList_GET_SIZE(dyns));
+        if (PyList_Append(dyns, d) < 0) goto done;
+      } else {
+        dyn_slots.push_back(it->second);
+      }
     }
     Py_INCREF(Py_None);
     Py_SETREF(node->bufs, Py_None);

@@ -26,6 +26,11 @@ KINDS = {"TENSOR": TENSOR, "OPT_TENSOR": OPT_TENSOR, "TENSOR_LIST": TENSOR_LIST,
 # ~100 ms on XLA:CPU, x * x alone in ~27 ms; RMSNorm's forward and backward use three) and
 # a norm's order (clip_grad_norm_'s 2). csrc/scan.cpp keyed_scalar tests the same values.
 KEYED_VALUES = frozenset({0.5, 1, 2, 3, float("inf")})
+
+
+def keyed(v) -> bool:
+    """Whether a SCALAR_KEYED argument's value is a constant of the program."""
+    return type(v) in (int, float) and v in KEYED_VALUES
 TENSOR_KINDS = (TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST)
 
 _BY_TYPE = {

@@ -28,9 +28,8 @@ import torch
 from .. import _C, _config, _precision, _runtime, _storage, _tree, metrics
 from .._rng import default_generator, draw
 from ..lowering.registry import bounds_of
-from ..lowering.schema import (GENERATOR, KEYED_VALUES, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR,
-                               SCALAR_KEYED, SCALAR_LIST, STATIC, STATIC_NUMBER, TENSOR_LIST,
-                               OpSchema)
+from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_KEYED,
+                               SCALAR_LIST, STATIC, STATIC_NUMBER, TENSOR_LIST, OpSchema, keyed)
 from . import asserts, current, refusals
 
 
@@ -168,7 +167,7 @@ class OpPlan(OpSchema):
                 else:
                     if isinstance(v, torch.Tensor):
                         v = v.item()
-                    if k == SCALAR_KEYED and type(v) in (int, float) and v in KEYED_VALUES:
+                    if k == SCALAR_KEYED and keyed(v):
                         parts.append((type(v), v))  # a constant of the program
                     else:
                         parts.append(type(v))
