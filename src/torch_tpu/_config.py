@@ -109,6 +109,11 @@ _DECLARED = [
             "DeferAndFuse mode: ops are recorded and run as one fused XLA program at each sync "
             "point (`.item()`, `.cpu()`, print, synchronize, ...), at each `backward()` call, "
             "and once per loop iteration in loops that never sync"),
+    Setting("TORCH_TPU_COMPILE_WINDOW", "bool", True, IMPORT,
+            "Strict: an op with no compiled program opens a compile window; the ops after it "
+            "are traced while its XLA compile runs on a worker thread, and run, each as its "
+            "own program, at the next sync (eager/window.py); 0: each new program compiles "
+            "and runs at its call"),
     Setting("TORCH_TPU_CPU_FALLBACK", "bool", False, IMPORT,
             "ops that have no tpu lowering yet run on the CPU (slow; counted in "
             "`torch_tpu.metrics` and warned once per op) instead of raising "

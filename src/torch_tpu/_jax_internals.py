@@ -143,6 +143,16 @@ def forget_lowerings() -> None:
     pxla._cached_lowering_to_hlo.cache_clear()
 
 
+def kept_arguments(closed_jaxpr) -> tuple:
+    """Per argument of a traced function, whether jit keeps it in the program: jit drops
+    the arguments nothing uses (keep_unused=False), and its results are committed to the
+    device only when a kept argument is (Strict's compile window predicts that)."""
+    from jax._src.interpreters import partial_eval as pe
+
+    jaxpr = closed_jaxpr.jaxpr
+    return tuple(pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))[1])
+
+
 IR_CONTEXT_MODULES = 64  # modules lowered in one thread's MLIR context before a new one
 
 

@@ -211,11 +211,13 @@ def _op_miss(plan, key, lookup, vals, prec, standalone):
         jitted = jax.jit(entry.raw)
 
         def first_call(*args):
+            entry.ahead = None
             out = _first_run(rec, jitted, args)
             entry.fn = rec.fn  # its direct call (_first_run)
             return out
 
         entry.fn = first_call
+        entry.ahead = lambda args: compile_ahead(rec, args, jitted)
         if standalone:
             metrics.count("executables_compiled")
     plan.cache[lookup] = entry
@@ -340,15 +342,21 @@ _AHEAD: list = []  # the worker threads of compile_ahead, made on first use
 os.register_at_fork(after_in_child=_AHEAD.clear)  # a child has none of its parent's threads
 
 
-def compile_ahead(rec, specs) -> None:
-    """Start the XLA compile of a compiled graph's program (`rec`, from admit_compiled) on
-    a worker thread, for arguments like `specs` (jax.ShapeDtypeStructs with the device's
+def compile_ahead(rec, specs, fn=None) -> None:
+    """Start the XLA compile of a program (`rec`: a compiled graph's, from admit_compiled,
+    whose jit is rec.fn; or an op's, whose jit is `fn`, for Strict's compile window) on a
+    worker thread, for arguments like `specs` (jax.ShapeDtypeStructs with the device's
     sharding, or the arrays themselves). Its first call waits for the work, then finds the
     executable in jax's caches; a prediction that missed costs a compile and no error: the
     call compiles its own (counted: compile.ahead, compile.ahead_hits). XLA's compile
     releases the GIL, so a training step's forward and backward programs compile at once,
-    while torch goes on. (On XLA:CPU with 2 cores that gains nothing: XLA's own compile
-    threads already fill both; docs/PERFORMANCE.md, bench compile's notes.)"""
+    while torch goes on. (For a compiled graph's two programs, on XLA:CPU with 2 cores,
+    that gained nothing: XLA's own compile threads already fill both; docs/PERFORMANCE.md,
+    bench compile's notes. An eager first step's many small programs do gain: the
+    window's notes.)"""
+    if rec.ahead is not None:
+        return
+    jitted = rec.fn if fn is None else fn
     if not _AHEAD:
         import concurrent.futures
 
@@ -357,7 +365,7 @@ def compile_ahead(rec, specs) -> None:
     def work():
         t0 = time.perf_counter()
         with _cache.watch(rec.ships) as mine:
-            rec.fn.lower(*specs).compile()
+            jitted.lower(*specs).compile()
         return mine, time.perf_counter() - t0
 
     rec.ahead = _AHEAD[0].submit(work)

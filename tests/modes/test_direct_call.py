@@ -39,6 +39,7 @@ def _entry_args(op, make):
     for _ in range(2):
         args = make("tpu")
         op(*args)
+    torch.tpu.synchronize()  # (a new program's first call runs at the compile window's sync)
     key, bufs, dyns = _C.scan(plan, list(_normalized(plan, args)))
     # (looked up, not plan.cache cleared first: the program cache's LRU holds its entries)
     entry = _program_cache.op_entry(plan, key, None, True)

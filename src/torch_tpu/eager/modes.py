@@ -18,6 +18,7 @@ from .debug import DebugExecutor
 from .defer import DeferExecutor
 from ..op.opcall import C_FAST_PATH
 from .strict import StrictExecutor
+from .window import CompileWindow
 
 
 class EagerMode(enum.Enum):
@@ -29,6 +30,7 @@ class EagerMode(enum.Enum):
 
 
 _STRICT = StrictExecutor()
+_STRICT.window = CompileWindow(_STRICT)
 _EXECUTORS = {EagerMode.STRICT: _STRICT}
 
 

@@ -1,7 +1,8 @@
 """Strict eager: every op runs at once as one cached XLA executable, asynchronously.
 
 Dispatch never waits for a result; only reading values on the host (`.item()`, `.cpu()`,
-print) does.
+print) does. While new programs compile, the ops after them are traced meanwhile and run
+at the next sync, each by its own program (the compile window: eager/window.py).
 """
 from __future__ import annotations
 
@@ -61,9 +62,13 @@ class StrictExecutor:
     name = "strict"
     deferred = False  # whether storages made now start without a buffer (eager/modes.py)
     counter = "dispatches.strict"
+    # eager/window.py: the ops after a new program, while it compiles (Debug: None)
+    window = None
 
     def flush(self, reason: str) -> None:
-        """Nothing is deferred."""
+        """Nothing is deferred, but a compile window may be open (eager/window.py)."""
+        if self.window is not None:
+            self.window.flush(reason)
 
     def graph(self, program, args):
         """A compiled graph's call (compile/program.py): it runs now."""
@@ -102,6 +107,10 @@ class StrictExecutor:
         # the cached entry, or a new one (bounded LRU, precision, cache-only: _program_cache)
         entry = op_entry(plan, key, vals, True)
         _COUNTERS[self.counter] += 1
+        if entry.ahead is not None and self.window is not None:  # a new program
+            out = self.window.open(entry, bufs, dyns, vals)
+            if out is not None:
+                return out
         if entry.fn is None:
             fresh, outs = run_eager(plan, entry, vals, bufs, dyns)
             tensors = [new_tensor(s, d, f) for (s, d, _), f in zip(fresh, outs)]

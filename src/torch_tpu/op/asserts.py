@@ -153,15 +153,16 @@ def unlinked():
     return (jnp.int64(0),)
 
 
-def run_strict(entry, bufs, dyns):
-    """Strict's call of a checked entry: its results; the chain takes its code."""
+def run_strict(entry, bufs, dyns, frame=None):
+    """Strict's call of a checked entry: its results; the chain takes its code. `frame`:
+    the user's (file, line) of the call, when it ran later (Strict's compile window)."""
     if not enabled():
         checks = entry.checks
         if checks.plain is None:
             raw = entry.raw
             checks.plain = jax.jit(lambda *flat: raw(*flat, *unlinked())[:-1])
         return checks.plain(*bufs, *dyns)
-    return _run_linked(entry.fn, (*bufs, *dyns), ((entry, _user_line()),))
+    return _run_linked(entry.fn, (*bufs, *dyns), ((entry, frame or _user_line()),))
 
 
 def checked_nodes(nodes):

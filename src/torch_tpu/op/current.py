@@ -66,6 +66,18 @@ def set_global(mode, ex, lazy: bool) -> None:
     _publish()
 
 
+def swap_global(old, new, *, outside_blocks=False) -> bool:
+    """Make `new` the process-wide executor in place of `old`, the mode unchanged, if
+    `old` is the process-wide executor (and, `outside_blocks`, no block is open on any
+    thread). Strict's compile window (eager/window.py) opens and closes so. -> whether
+    it did."""
+    if _GLOBAL["executor"] is not old or (outside_blocks and _OPEN):
+        return False
+    _GLOBAL["executor"] = new
+    _publish()
+    return True
+
+
 def enter(mode, ex, lazy: bool):
     """Open an `eager_mode` block on this thread (`lazy` as for set_global); its token,
     for `leave`."""

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import jax
 import torch
 
-from .. import _C, _config, _precision, _runtime, _storage, _tree, metrics
+from .. import _C, _config, _jax_internals, _precision, _runtime, _storage, _tree, metrics
 from .._rng import default_generator, draw
 from ..lowering.registry import bounds_of
 from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_KEYED,
@@ -94,7 +94,7 @@ class Entry:
     """A compiled (op, key): the jitted function and how its results become tensors."""
 
     __slots__ = ("fn", "fresh", "structure", "mut_slots", "eager_fn", "out_recs", "raw", "key",
-                 "checks")
+                 "checks", "out_avals", "kept", "ahead")
 
     def __init__(self, fn, fresh, structure, mut_slots, eager_fn=None):
         self.eager_fn = eager_fn    # set instead of fn for data-dependent shapes
@@ -106,6 +106,13 @@ class Entry:
             (_prod(shape), _runtime.jax_dtype(dt)) for shape, dt, _ in fresh]
         self.raw = None
         self.key = None
+        # Strict's compile window: the jax avals of what raw returns, and per argument of
+        # raw whether its program keeps it (_jax_internals.kept_arguments)
+        self.out_avals = None
+        self.kept = None
+        # until its first call compiles it: (args, like fn's) -> start that compile on a
+        # worker thread (_program_cache.op_entry)
+        self.ahead = None
         self.fn = fn                # (bufs, dyns) -> [fresh flat buffers..., new buffers of mutated storages...]
         # [(shape, torch dtype, strides or None for contiguous)] of the new tensors
         self.fresh = fresh
@@ -298,14 +305,17 @@ class OpPlan(OpSchema):
             return fn(flat[:nbufs], flat[nbufs:], (shapes, dtypes, perms))[1]
 
         jitted = jax.jit(run)
-        # trace the body now, for its shapes only: a lowering that refuses the input raises
-        # at the call (DeferAndFuse would trace it first at its next flush). It adds a few
-        # percent to a new key's compile (~3.5% measured over a mix of small ops).
-        jax.eval_shape(run, *[a for group in _abstract_inputs(parts, self) for a in group],
-                       *(asserts.LINK_SHAPES if checks is not None else ()))
+        # trace the body now, for its shapes and the arguments it uses: a lowering that
+        # refuses the input raises at the call (DeferAndFuse would trace it first at its
+        # next flush). It adds a few percent to a new key's compile (~3.5% measured over a
+        # mix of small ops).
+        traced = jitted.trace(*[a for group in _abstract_inputs(parts, self) for a in group],
+                              *(asserts.LINK_SHAPES if checks is not None else ()))
         metrics.count("op_entries")
         metrics.compile_seconds[0] += time.perf_counter() - t0
         entry = Entry(jitted, fresh, structure, mut_slots)
+        entry.out_avals = traced.out_info
+        entry.kept = _jax_internals.kept_arguments(traced.jaxpr)
         entry.raw = run  # the traceable body, for fusing into a larger graph
         entry.key = key
         entry.checks = checks
