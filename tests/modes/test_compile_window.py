@@ -13,6 +13,9 @@ import textwrap
 
 import pytest
 
+# three fresh processes (~16 s); every other Strict test runs its first ops through the window
+pytestmark = pytest.mark.slow
+
 SCRIPT = textwrap.dedent('''
     import json, sys, threading
     import torch, torch.nn as nn, torch.nn.functional as F
