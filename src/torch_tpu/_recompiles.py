@@ -27,6 +27,7 @@ Both tables are bounded: past _MAX_SITES sites, they start again.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 
@@ -114,15 +115,35 @@ def _show(change):
     return f"{label} {'' if dim is None else f'dim {dim} '}{a} -> {b}"
 
 
-_IN_STEP = threading.local()  # how deep this thread is in optimizer steps
+# the optimizer steps this thread is in: the frame of torch's step wrapper for each, as a
+# step that raises never runs its post hook (a counter would then stay up for good and
+# silence every later warning); a frame no longer on the stack is a step that is over
+_IN_STEP = threading.local()
 
 
 def _step_pre(optimizer, args, kwargs):
-    _IN_STEP.depth = getattr(_IN_STEP, "depth", 0) + 1
+    _steps().append(sys._getframe(1))  # (the wrapper that calls the hooks and the step)
 
 
 def _step_post(optimizer, args, kwargs):
-    _IN_STEP.depth -= 1
+    steps = _steps()
+    if steps:
+        steps.pop()
+
+
+def _steps() -> list:
+    """This thread's optimizer steps still running (those that raised dropped)."""
+    frames = getattr(_IN_STEP, "frames", None)
+    if frames is None:
+        frames = _IN_STEP.frames = []
+    elif frames:
+        running = set()
+        f = sys._getframe(1)
+        while f is not None:
+            running.add(id(f))
+            f = f.f_back
+        frames[:] = [f for f in frames if id(f) in running]
+    return frames
 
 
 def _hook_optimizer_steps():
@@ -143,7 +164,7 @@ def layered() -> bool:
     backward pass (its ops name the backward() line) or an optimizer step (the step()
     line, or one line of an optimizer's per-parameter loop). Layers of different shapes
     there are not one site recompiling; the forward's sites show real variation."""
-    return torch._C._current_graph_task_id() != -1 or getattr(_IN_STEP, "depth", 0) > 0
+    return torch._C._current_graph_task_id() != -1 or bool(_steps())
 
 
 def subject(plan, vals) -> tuple:

@@ -216,6 +216,32 @@ def test_a_site_that_keeps_recompiling_for_new_shapes_warns_once(eager, monkeypa
     assert listed["recompiles"] >= 8 and "dim 0" in listed["varying"], listed
 
 
+def test_an_optimizer_step_that_raised_does_not_silence_later_warnings(monkeypatch):
+    """Compiles inside an optimizer step are layers, not a site recompiling, so they never
+    warn; a step that raises (a bad state, a refused capture) is over all the same."""
+    from torch_tpu import _recompiles
+
+    monkeypatch.setattr(_recompiles, "STORMS", [])
+
+    class Broken(torch.optim.SGD):
+        @torch.no_grad()
+        def step(self, closure=None):
+            super().step()
+            raise ValueError("bad state")
+
+    p = nn.Parameter(torch.ones(3, device="tpu"))
+    p.grad = torch.ones(3, device="tpu")
+    with pytest.raises(ValueError, match="bad state"):
+        Broken([p], lr=0.1).step()
+    base = torch.arange(4096, dtype=torch.int32, device="tpu")  # (sizes no other test compiles)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(11):
+            (base[:1 << k] * 3).cpu()
+    storms = [w for w in caught if issubclass(w.category, torch_tpu.RecompileWarning)]
+    assert len(storms) == 1, [str(w.message) for w in caught]
+
+
 
 def test_layers_of_many_shapes_are_not_a_storm(monkeypatch):
     """Layers of ten different widths reached from one line (a loop over blocks, the

@@ -40,6 +40,7 @@ from ..op.opcall import scan_fast
 _COUNTERS = metrics.counters
 _ATTR = _storage.ATTR
 _ALL = itertools.repeat(True)
+_UNSET = (None,)
 
 
 class _Linked:
@@ -106,7 +107,8 @@ class CompileWindow:
         # results, or normal_'s, which reads nothing, are not)
         args = (*bufs, *dyns, *((_LINKED,) if entry.checks is not None else ()))
         is_committed = any(
-            (committed[id(a.node)] if type(a) is _C.Lazy else getattr(a, "committed", False))
+            (committed.get(id(a.node), True) if type(a) is _C.Lazy
+             else getattr(a, "committed", False))
             for a, kept in zip(args, entry.kept or _ALL) if kept)
         if entry.ahead is not None:
             self.warm = 0
@@ -186,14 +188,17 @@ def _run(nodes) -> None:
                     outs = entry.fn(*ins, *node.dyns)
                 else:  # an op with index arguments: linked into the device-side asserts' chain
                     outs = asserts.run_strict(entry, ins, node.dyns, node.frame)
-            except jax.errors.JaxRuntimeError as e:
-                _runtime.raise_if_out_of_memory(
-                    e, f"{entry.key[0]} (called at {_frames.location(*node.frame)})")
+            except Exception as e:
+                where = f"{entry.key[0]} (called at {_frames.location(*node.frame)})"
+                if isinstance(e, jax.errors.JaxRuntimeError):
+                    _runtime.raise_if_out_of_memory(e, where)
+                e.add_note(f"torch_tpu: raised by {where}, run at the next sync while its "
+                           "program compiled (Strict's compile window)")
                 raise
             for lazy in node.outs:
                 v = outs[lazy.idx]
                 st = lazy.owner()
-                if st is not None and getattr(st, _ATTR)[0] is lazy:
+                if st is not None and getattr(st, _ATTR, _UNSET)[0] is lazy:
                     storages.append(st)
                     buffers.append(v)
                 if readers.get(id(lazy)):
@@ -216,7 +221,8 @@ def _specs(entry, bufs, dyns, committed):
                 return None
             a = avals[b.idx]
             b = jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type,
-                                     sharding=on_device if committed[id(b.node)] else None)
+                                     sharding=on_device if committed.get(id(b.node), True)
+                                     else None)
         specs.append(b)
     specs.extend(dyns)
     if entry.checks is not None:
