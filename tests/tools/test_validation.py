@@ -212,6 +212,28 @@ def test_as_accurate_judges_against_the_wider_result():
                                nan_ref, torch.float32) is None
 
 
+def test_a_gradient_cpu_gives_on_its_scalar_path_passes():
+    """CPU's vectorized hardtanh backward gives 0 at a NaN input, its scalar loop (and
+    CUDA) the gradient itself: tpu's answer, which CPU gives element by element, passes;
+    an answer CPU gives on neither path does not."""
+    import types
+
+    import torch.nn.functional as F
+
+    x = torch.tensor([float("nan")] * 40 + [0.5] * 24, requires_grad=True)
+    sample = types.SimpleNamespace(input=x, args=(), kwargs={})
+    cot = torch.full((64,), 2.0)
+    (vectorized,) = torch.autograd.grad(F.hardtanh(x), x, cot)
+    assert vectorized[0] == 0  # (what CPU's vectorized loop gives: the reference misses)
+    scalar = torch.full((64,), 2.0)
+    assert ops._against_scalar_path("differs", F.hardtanh, sample, [cot], [scalar],
+                                    torch.float32) is None
+    wrong = scalar.clone()
+    wrong[50] = 3.0
+    assert ops._against_scalar_path("differs", F.hardtanh, sample, [cot], [wrong],
+                                    torch.float32) == "differs"
+
+
 @pytest.mark.slow
 def test_cli_validate_conformance_runs_in_a_child():
     env = dict(os.environ, HF_HUB_OFFLINE="1")

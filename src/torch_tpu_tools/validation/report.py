@@ -396,7 +396,10 @@ How each family judges (CPU is the reference wherever the answer is CPU's behavi
 `compare` runs the first 16 `reference_inputs` of each op (forward and gradients, the
 OpInfo sweep's judge: a float32 result that misses CPU's passes when it is as close to
 CPU's float64 computation as CPU's own result, a bfloat16/float16 one when it matches CPU's
-float32 computation rounded at the end; `dtypes` judges alike); `out` holds an out's values
+float32 computation rounded at the end, a gradient of one elementwise input when CPU's
+scalar loop, element by element, gives it: CPU's vectorized loop disagrees with its scalar
+loop and CUDA at NaN inputs of hardtanh, relu6, softshrink, elu, selu and celu; `dtypes`
+judges alike); `out` holds an out's values
 to CPU's out= values (to CPU's values into a right-sized out for a non-contiguous one: torch
 2.13's CPU gelu.out and _softmax.out mishandle those; eigenvectors by their sign-free
 reconstruction) and requires a right-sized out to keep its strides; `out_warning` asks
