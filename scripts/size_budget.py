@@ -21,8 +21,10 @@ SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
 # 9.4k with the torchtitan client (issue 32, validation/torchtitan*.py: ~620 lines) and
 # bench graphs (issue 34, ~210 lines), 8.8k then. The runtime's raised from 24.8k to 25.3k
 # with generate()'s captured decode step (issue 34, ~140 lines) after growing tensors and
-# lengths that are data (issue 31, op/capacity.py and op/lengths.py): 24.8k then.
-BUDGETS = {"torch_tpu": 25_300, "torch_tpu_tools": 9_400}
+# lengths that are data (issue 31, op/capacity.py and op/lengths.py): 24.8k then; to 25.7k
+# with Strict's compile window (issue 31, eager/window.py and its hooks: ~320 lines), 25.6k
+# then.
+BUDGETS = {"torch_tpu": 25_700, "torch_tpu_tools": 9_400}
 SUFFIXES = {".py", ".cpp", ".h"}
 
 

@@ -88,6 +88,7 @@ def _contestants(case: OpCase, size: str, reps: int) -> dict:
     import jax
 
     from torch_tpu import _runtime, _storage
+    from torch_tpu.op import current
 
     g = torch.Generator().manual_seed(0)
     cpu_in = [torch.randn(s, generator=g) for s in case.shapes[size]]
@@ -108,6 +109,7 @@ def _contestants(case: OpCase, size: str, reps: int) -> dict:
 
     def sync_tpu():
         if last[1] is not None:
+            current.flush_pending("bench")  # (a first call may still be pending: eager/window.py)
             getattr(last[1].untyped_storage(), _storage.ATTR)[0].block_until_ready()
 
     def nothing():
