@@ -15,9 +15,9 @@ in their order, each by its own program: Strict's executables, nothing fused, so
 programs, values and counts are Strict's own. Then Strict's C fast path takes over again.
 
 The window closes at whatever flushes DeferAndFuse (a host read, synchronize, a mode
-change, a capture, torch.compile's graphs, data-dependent shapes), at the end of an
-optimizer step, after WARM_RUN ops in a row that had a program (a loop past its first
-iteration goes back to the fast path), or at MAX_NODES. Constants, fills and uploads
+change, a capture, torch.compile's graphs, data-dependent shapes), after WARM_RUN ops in
+a row that had a program (a loop past its first iteration goes back to the fast path),
+or at MAX_NODES. Constants, fills and uploads
 stay Strict's (at once). Only the process-wide Strict executor opens a window, while no
 eager_mode block is open (TORCH_TPU_COMPILE_WINDOW=0: never).
 
