@@ -126,8 +126,8 @@ def _step_pre(optimizer, args, kwargs):
 
 
 def _step_post(optimizer, args, kwargs):
-    steps = _steps()
-    if steps:
+    steps = getattr(_IN_STEP, "frames", None)
+    if steps:  # (its own frame, last: _step_pre dropped the steps that raised)
         steps.pop()
 
 

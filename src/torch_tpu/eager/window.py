@@ -27,7 +27,7 @@ called from, as Strict's asynchronous errors surface at the next sync.
 """
 from __future__ import annotations
 
-import itertools
+import collections
 import threading
 
 import jax
@@ -39,15 +39,7 @@ from ..op.opcall import scan_fast
 
 _COUNTERS = metrics.counters
 _ATTR = _storage.ATTR
-_ALL = itertools.repeat(True)
 _UNSET = (None,)
-
-
-class _Linked:
-    committed = True  # the device-side asserts' chain value (op/asserts.py)
-
-
-_LINKED = _Linked()
 _ENABLED = _config.get("TORCH_TPU_COMPILE_WINDOW")
 WARM_RUN = 256     # ops in a row with a program: the window closes
 MAX_NODES = 4096   # ops held at most (their inputs stay alive until the flush)
@@ -102,14 +94,7 @@ class CompileWindow:
 
     def _record(self, entry, bufs, dyns, vals):
         committed = self.committed
-        # whether its results will be committed to the device, which jit's cache keys
-        # its callers by: if an argument its program keeps is (weights are; an arange's
-        # results, or normal_'s, which reads nothing, are not)
-        args = (*bufs, *dyns, *((_LINKED,) if entry.checks is not None else ()))
-        is_committed = any(
-            (committed.get(id(a.node), True) if type(a) is _C.Lazy
-             else getattr(a, "committed", False))
-            for a, kept in zip(args, entry.kept or _ALL) if kept)
+        is_committed = _commits(entry, bufs, dyns, committed)
         if entry.ahead is not None:
             self.warm = 0
             specs = _specs(entry, bufs, dyns, committed)
@@ -160,11 +145,8 @@ class CompileWindow:
 def _run(nodes) -> None:
     """Each node's program on its inputs (arrays, or earlier nodes' results); each result
     a storage still holds becomes its buffer. A result is dropped once its last reader ran."""
-    readers: dict = {}
-    for node in nodes:
-        for b in node.bufs:
-            if type(b) is _C.Lazy:
-                readers[id(b)] = readers.get(id(b), 0) + 1
+    readers = collections.Counter(id(b) for node in nodes for b in node.bufs
+                                  if type(b) is _C.Lazy)
     values: dict = {}
     storages, buffers = [], []
     try:
@@ -208,11 +190,27 @@ def _run(nodes) -> None:
         _C.release(nodes)
 
 
+def _commits(entry, bufs, dyns, committed) -> bool:
+    """Whether the entry's results will be committed to the device, which jit's cache keys
+    their readers' programs by: when an argument its program keeps is (weights are; an
+    arange's results, or normal_'s, which reads nothing, are not). The device-side
+    asserts' chain value, its last argument, is. (No kept arguments known: an entry not
+    traced by OpPlan, whose results have no avals, so no reader compiles ahead.)"""
+    kept = entry.kept
+    if kept is None:
+        return True
+    if entry.checks is not None and kept[-1]:
+        return True
+    return any(committed.get(id(a.node), True) if type(a) is _C.Lazy
+               else getattr(a, "committed", False)
+               for a, k in zip((*bufs, *dyns), kept) if k)
+
+
 def _specs(entry, bufs, dyns, committed):
     """What the entry's program will be called with: the arrays, and for each pending
     input its aval, on the device if committed (None: not known, and its first call
     compiles)."""
-    on_device = _sharding()
+    on_device = jax.sharding.SingleDeviceSharding(_runtime.device())
     specs = []
     for b in bufs:
         if type(b) is _C.Lazy:
@@ -232,11 +230,3 @@ def _specs(entry, bufs, dyns, committed):
                      for a in asserts.LINK_SHAPES)
     return specs
 
-
-_SHARDING: list = []
-
-
-def _sharding():
-    if not _SHARDING:
-        _SHARDING.append(jax.sharding.SingleDeviceSharding(_runtime.device()))
-    return _SHARDING[0]

@@ -31,6 +31,8 @@ KEYED_VALUES = frozenset({0.5, 1, 2, 3, float("inf")})
 def keyed(v) -> bool:
     """Whether a SCALAR_KEYED argument's value is a constant of the program."""
     return type(v) in (int, float) and v in KEYED_VALUES
+
+
 TENSOR_KINDS = (TENSOR, OPT_TENSOR, TENSOR_LIST, OPT_TENSOR_LIST)
 
 _BY_TYPE = {
