@@ -51,7 +51,8 @@ def zeros(n, dtype):
 # constants up to 4 MiB are shared (a GPT's logits' zero tangent, 8 x 64 x vocab 256 in
 # fp32, is 0.5 MiB): the 64 most recently used, or fewer where they would hold over 32 MiB
 SHARED_MAX_BYTES, SHARED_TOTAL_BYTES, SHARED_MAX_COUNT = 1 << 22, 1 << 25, 64
-_shared: collections.OrderedDict = collections.OrderedDict()
+_shared: collections.OrderedDict = collections.OrderedDict()  # key -> (buffer, its bytes)
+_shared_bytes = [0]  # their total (summing the buffers' nbytes per new fill cost ~80 µs)
 
 
 def constant(n, dtype, value):
@@ -75,10 +76,10 @@ def constant(n, dtype, value):
         _runtime.raise_if_out_of_memory(e, "filling a tensor")
         raise
     if share:
-        _shared[_key(n, dtype, value)] = buf
-        while (len(_shared) > SHARED_MAX_COUNT
-               or sum(b.nbytes for b in _shared.values()) > SHARED_TOTAL_BYTES):
-            _shared.popitem(last=False)
+        _shared[_key(n, dtype, value)] = buf, n * dtype.itemsize
+        _shared_bytes[0] += n * dtype.itemsize
+        while len(_shared) > SHARED_MAX_COUNT or _shared_bytes[0] > SHARED_TOTAL_BYTES:
+            _shared_bytes[0] -= _shared.popitem(last=False)[1][1]
     return buf
 
 
@@ -86,10 +87,11 @@ def shared(n, dtype, value):
     """The buffer `constant` would return, if it is a shared one made already (now the
     most recently used); else None."""
     key = _key(n, jnp.dtype(dtype), value)
-    buf = _shared.get(key)
-    if buf is not None:
-        _shared.move_to_end(key)
-    return buf
+    found = _shared.get(key)
+    if found is None:
+        return None
+    _shared.move_to_end(key)
+    return found[0]
 
 
 def _key(n, dtype, value):  # -0.0 == 0.0 (and hashes alike), but 1 / x tells them apart
