@@ -135,6 +135,11 @@ _DECLARED = [
             "(csrc/scan.cpp), DeferAndFuse recording with no Python frame (csrc/kernel.cpp), and "
             "compiled programs called through PJRT without jax.jit's dispatch (csrc/direct.cpp); "
             "0: every op goes through the Python reference (slower; for tests that compare both)"),
+    Setting("TORCH_TPU_JAX_TRACEBACKS", "bool", False, IMPORT,
+            "jaxlib's record of the Python stack at every executable call and traced "
+            "equation (a result array's `traceback`, MLIR source locations): off, as torch_tpu "
+            "reads none of it and it cost ~2 µs an op in a model's forward; 1: on, as JAX "
+            "has it (for JAX code in the same process that wants it)"),
     Setting("TORCH_TPU_DONATE", "bool", True, IMPORT,
             "DeferAndFuse donates to XLA the buffers a flush overwrites and nothing else "
             "holds, so results are written in place (lower peak memory)"),

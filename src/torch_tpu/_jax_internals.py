@@ -52,6 +52,12 @@ inside a function (at setup, at the backend's start) are still imported only whe
     4.7-5.3 s). A thread's lowerings share one context, made anew after
     IR_CONTEXT_MODULES modules, which bounds what a context uniques (types, locations,
     constants) between renewals. Other users of make_ir_context keep their own.
+  - `set_tracebacks(on)` (jaxlib._jax.set_tracebacks_enabled). _runtime at import
+    (TORCH_TPU_JAX_TRACEBACKS): jaxlib records the Python stack at every executable call
+    (each result array's `traceback`) and at every traced equation (its source info, MLIR
+    locations). torch_tpu reads neither: its errors name the op and the user's line from
+    its own frames (_frames.py). In a model's forward, ~40 frames deep, an add's call took
+    13.1 µs with them and 11.0 without, and a warm GRPO step 6-10% less (2026-12-06).
 """
 from __future__ import annotations
 
@@ -179,3 +185,9 @@ def reuse_ir_contexts() -> None:
 
     __init__.torch_tpu_shared = True
     mlir.ModuleContext.__init__ = __init__
+
+
+def set_tracebacks(on: bool) -> None:
+    from jaxlib import _jax
+
+    _jax.set_tracebacks_enabled(on)

@@ -35,6 +35,7 @@ import torch  # noqa: E402
 from . import _C, _config, _jax_internals, metrics  # noqa: E402
 
 _jax_internals.reuse_ir_contexts()  # (each program's lowering would make its own)
+_jax_internals.set_tracebacks(_config.get("TORCH_TPU_JAX_TRACEBACKS"))  # (~2 µs an op)
 
 TORCH_TO_JAX = {
     torch.float32: jnp.dtype(jnp.float32),

@@ -118,3 +118,23 @@ def test_lowerings_share_a_thread_s_ir_context_and_renew_it():
     ji.reuse_ir_contexts()  # idempotent: still one wrapper
     from jax._src.interpreters import mlir  # (the test may read the private piece)
     assert mlir.ModuleContext.__init__.torch_tpu_shared
+
+
+def test_jax_tracebacks_follow_the_setting():
+    """set_tracebacks: off (TORCH_TPU_JAX_TRACEBACKS's default) a result array and a traced
+    equation carry no Python stack; on, they do again; jit computes the same either way."""
+    from jax._src import source_info_util  # (the test may read the private piece)
+
+    def stack_of_a_traced_equation():
+        eqn = jax.make_jaxpr(lambda x: x * 2)(1.0).jaxpr.eqns[0]
+        return eqn.source_info.traceback
+
+    assert stack_of_a_traced_equation() is None  # torch_tpu set it at import
+    try:
+        ji.set_tracebacks(True)
+        assert stack_of_a_traced_equation() is not None
+        assert source_info_util.current().traceback is not None
+    finally:
+        ji.set_tracebacks(False)
+    assert stack_of_a_traced_equation() is None
+    np.testing.assert_array_equal(jax.jit(lambda x: x * 2)(jnp.ones(2)), np.full(2, 2.0))
