@@ -199,6 +199,9 @@ def copy_(self, src, non_blocking=False):
                 upload_into(self.untyped_storage(), src.contiguous())
                 return self
             src = upload(src)
+        write = getattr(current.executor(), "write_in_place", None)  # (Strict only)
+        if write is not None and write(_copy_plan(), self, src):
+            return self
         return _copy_kernel()(self, src, non_blocking)
     # tpu -> cpu
     self.copy_(to_cpu(src))
@@ -206,9 +209,14 @@ def copy_(self, src, non_blocking=False):
 
 
 @functools.cache
+def _copy_plan():
+    return plan_for(torch.ops.aten.copy_.default)
+
+
+@functools.cache
 def _copy_kernel():
     """tpu -> tpu copy_: the lowered op's C kernel (see _kernel)."""
-    return _kernel(plan_for(torch.ops.aten.copy_.default))
+    return _kernel(_copy_plan())
 
 
 def _copy_from(self, dst, non_blocking=False):

@@ -57,6 +57,7 @@ import torch
 from . import _cache, _config, _frames, _jax_internals, _precision, _recompiles, _runtime, metrics
 
 OP, GRAPH, COMPILED = "op", "graph", "compiled"
+DONATED = "donated"  # an op program's lookup beside its key: it donates its first buffer
 KINDS = (OP, GRAPH, COMPILED)
 CPU_PROGRAM_BYTES = 1 << 19   # 0.5 MiB: see the module doc
 _MB = 1 << 20
@@ -69,9 +70,9 @@ class CacheMissError(RuntimeError):
 class Program:
     """One cached program: where it is held, what it cost, why it was compiled."""
 
-    __slots__ = ("ahead", "calls", "compiled", "disk", "fn", "ident", "key", "kind", "label", "name",
-                 "nbytes", "owner", "pinned", "pins", "precision", "reason", "seconds", "ships",
-                 "where", "__weakref__")  # (_AHEAD_PENDING)
+    __slots__ = ("ahead", "calls", "compiled", "disk", "donates", "fn", "ident", "key", "kind",
+                 "label", "name", "nbytes", "owner", "pinned", "pins", "precision", "reason",
+                 "seconds", "ships", "where", "__weakref__")  # (_AHEAD_PENDING)
 
     def __init__(self, kind, name, where, owner, key, reason, precision=None):
         self.kind, self.name, self.where = kind, name, where
@@ -93,6 +94,7 @@ class Program:
         # recorded for torch.compiler.save_cache_artifacts (_cache.XlaArtifact): the
         # programs that run torch.compile graphs, not eager ops (the module doc)
         self.ships = kind == COMPILED
+        self.donates = False   # an op program that donates its first buffer (op_entry)
 
     def summary(self) -> dict:
         return {"kind": self.kind, "name": self.name, "where": self.where,
@@ -169,15 +171,19 @@ def annotate(name: str, **info):
 
 
 # ---------------------------------------------------------------- the op caches
-def op_entry(plan, key, vals, standalone):
+def op_entry(plan, key, vals, standalone, donate=False):
     """The entry of one op call: Strict's and DeferAndFuse's lookup in the op's cache
-    (`standalone`: Strict runs the entry's own executable; DeferAndFuse fuses its body)."""
+    (`standalone`: Strict runs the entry's own executable; DeferAndFuse fuses its body).
+    `donate`: a program of its own that donates its first buffer to XLA (Strict's
+    write_in_place), keyed apart from the op's."""
     prec = None
     if plan.precision is not None:  # a sensitive op (OpPlan.precision: C keys it the same)
         prec = plan.precision()
         lookup = (key, prec)
     else:
         lookup = key
+    if donate:
+        lookup = (lookup, DONATED)
     entry = plan.cache.get(lookup)
     if entry is not None:
         try:
@@ -185,10 +191,10 @@ def op_entry(plan, key, vals, standalone):
         except KeyError:  # evicted while another thread held it
             pass
         return entry
-    return _op_miss(plan, key, lookup, vals, prec, standalone)
+    return _op_miss(plan, key, lookup, vals, prec, standalone, donate)
 
 
-def _op_miss(plan, key, lookup, vals, prec, standalone):
+def _op_miss(plan, key, lookup, vals, prec, standalone, donate=False):
     metrics.count("cache_misses")
     name = str(plan)
     line = _frames.user_line()
@@ -199,6 +205,7 @@ def _op_miss(plan, key, lookup, vals, prec, standalone):
                              f"compiled program: {reason}")
     entry = plan.compile(key, vals)
     rec = Program(OP, name, where, plan.cache, lookup, reason, prec)
+    rec.donates = donate
     if prec is not None:  # what DeferAndFuse's recompile reasons compare shows it too
         entry.key = (key[0], (*key[1], ("precision", *prec)), *key[2:])
     if entry.raw is not None:
@@ -208,7 +215,9 @@ def _op_miss(plan, key, lookup, vals, prec, standalone):
     if entry.fn is not None:
         # a new jit of the named body (jit takes its name when it is made); its first
         # call compiles it and installs its direct call (_runtime.direct_call)
-        jitted = jax.jit(entry.raw)
+        jitted = jax.jit(entry.raw, donate_argnums=(0,) if donate else ())
+        if donate:
+            rec.fn = jitted  # (what its entry calls after the first: see _first_run)
 
         def first_call(*args):
             entry.ahead = None
@@ -399,8 +408,10 @@ def _first_run(rec, fn, args):
     if mine:
         rec.disk = all(hit for hit, _ in mine)
         _COUNT[f"programs.{rec.kind}.{'disk_hits' if rec.disk else 'xla_compiles'}"] += 1
-    if rec.kind != GRAPH:  # its key fixes every input's layout (csrc/direct.cpp); built
-        # before the eviction below, which then also bounds what jax's lowering kept
+    # its key fixes every input's layout (csrc/direct.cpp); built before the eviction
+    # below, which then also bounds what jax's lowering kept. (A donating program keeps
+    # jit's call: its first call consumed the buffer that the direct call's lowering reads.)
+    if rec.kind != GRAPH and not rec.donates:
         rec.fn = _runtime.direct_call(fn, args, PROFILING)
     nbytes = CPU_PROGRAM_BYTES if cpu else _code_bytes(fn, specs)
     with _lock:

@@ -362,6 +362,7 @@ class DebugExecutor(StrictExecutor):
 
     name = "debug"
     counter = "dispatches.debug"
+    write_in_place = None  # (each write runs as its op, with its checks)
 
     def execute(self, plan, vals):
         refusals.check_call(plan, vals)  # torch's refusal of a bad dim before the bounds read it
