@@ -364,7 +364,7 @@ class _CapturedStep:
         """-> (the step, captured, None) or (None, why capture refused it)."""
         step = cls(*args)
         try:
-            with capture.graph(step.graph):
+            with capture.capturing(step.graph):  # (no device sync: the prefill runs meanwhile)
                 step._step()
         except capture.CaptureError as e:
             return None, str(e).splitlines()[0]

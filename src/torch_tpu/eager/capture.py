@@ -36,6 +36,7 @@ state's memory at that moment).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 import weakref
@@ -214,7 +215,7 @@ class TPUGraph:
     def _reset(self):
         self._recorder = None
         self._token = None
-        self._traced = None     # capture_end: (the jitted program, example arguments)
+        self._traced = None     # capture_end: (the program's body, example arguments)
         self._key = None        # capture_end: (graph key, the entries it names by id)
         self._compiled = None   # instantiate: its call (a direct PJRT call where it can)
         self._stages = None
@@ -274,7 +275,7 @@ class TPUGraph:
         self._inputs, self._outputs = tuple(inputs), tuple(storages)
         self._sizes = tuple(x.nbytes() if isinstance(x, torch.UntypedStorage) else None
                             for x in inputs)
-        self._traced = (jax.jit(body), [*ext, *self._dyns])
+        self._traced = (body, [*ext, *self._dyns])  # (jit made on a miss only: ~0.25 ms)
         self._key = (key, [n.entry for n in nodes])
         # capture runs nothing: what the region wrote holds what it held before it (what
         # it made: zeros)
@@ -290,11 +291,12 @@ class TPUGraph:
             if not self._captured:
                 raise CaptureError("TPUGraph.instantiate: nothing was captured")
             return
-        (jitted, args), self._traced = self._traced, None
+        (body, args), self._traced = self._traced, None
         key, entries = self._key
         hit = _PROGRAMS.pop(key, None)
         if hit is None:
             t0 = time.perf_counter()
+            jitted = jax.jit(body)
             compiled = jitted.lower(*args).compile()
             # the direct call: ~0.1 ms less per replay of a 31-input decode step (0.32 ->
             # ~0.2 ms)
@@ -370,7 +372,7 @@ class TPUGraph:
 
     def debug_dump(self, path: str) -> None:
         text = (self._stages.as_text() if self._stages is not None else
-                self._traced[0].lower(*self._traced[1]).as_text() if self._traced else "")
+                jax.jit(self._traced[0]).lower(*self._traced[1]).as_text() if self._traced else "")
         with open(path, "w") as f:
             f.write(text)
 
@@ -393,14 +395,25 @@ class graph:  # noqa: N801  (torch.cuda.graph)
 
     def __enter__(self):
         torch.tpu.synchronize()
-        self.graph.capture_begin()
+        self.region = capturing(self.graph)
+        self.region.__enter__()
 
-    def __exit__(self, exc_type, *exc):
-        if exc_type is not None and self.graph._recorder is not None:
-            self.graph._abandon()  # the region failed: the process stays usable
-            return False
-        self.graph.capture_end()
-        return False
+    def __exit__(self, *exc):
+        return self.region.__exit__(*exc)
+
+
+@contextlib.contextmanager
+def capturing(g: TPUGraph):
+    """The block captured into `g`, as `graph` does but without its device sync first (HF
+    generate's decode step records while the prefill still runs)."""
+    g.capture_begin()
+    try:
+        yield
+    except BaseException:
+        if g._recorder is not None:
+            g._abandon()  # the region failed: the process stays usable
+        raise
+    g.capture_end()
 
 
 def _check_capturable(optimizer, args, kwargs):
