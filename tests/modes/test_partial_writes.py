@@ -12,9 +12,9 @@ SCRIPT = pathlib.Path(__file__).parents[1] / "user_code" / "partial_writes.py"
 MODES = {"strict": {}, "debug": {"TORCH_TPU_LAUNCH_BLOCKING": "1"},
          "defer_and_fuse": {"TORCH_TPU_DEFER_AND_FUSE": "1"}}
 STEPS = 4
-# per step: the corner (mm out=), two slice writes and a view's copy_ into the 5 MB buffer,
-# 8 ring rows, the integer buffer; not the write after the clone (the clone holds the
-# buffer too) nor the copy from the buffer's own view (a write that reads its buffer)
+# per step: the corner (mm out=) and the two slice writes into the 5 MB buffer, 7 of the 8
+# ring rows, the integer buffer; not the copy from the buffer's own view (a write that
+# reads its buffer) nor the first ring row (torch.zeros of 1.3 MB is a shared fill)
 IN_PLACE_PER_STEP = 11
 
 

@@ -124,11 +124,11 @@ class StrictExecutor:
         if type(rec[0]) is not _ARRAY:
             return False
         buf = rec[0]
-        if sys.getrefcount(buf) != _SOLE:  # another holder: a view of it read to the host,
-            return False                   # a captured graph, a pending node, a shared fill
-        del buf
-        _COUNTERS["writes_in_place"] += 1
+        if sys.getrefcount(buf) != _SOLE:  # another holder: a shared fill, a captured graph,
+            return False                   # a pending node
         self.execute(plan, normalize(plan, (dst, src), {}), donate=True)
+        # (XLA copies instead where the buffer has an external reference: a numpy view)
+        _COUNTERS["writes_in_place" if buf.is_deleted() else "writes_in_place.copied"] += 1
         return True
 
     def execute(self, plan, vals, donate=False):
