@@ -9,6 +9,7 @@ static description into JAX code that runs inside the op's jitted function.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import math
 
@@ -255,6 +256,48 @@ def offset_is_data(shape, stride, offset, buf_len, buf_dtype, dtype) -> bool:
             return False
         extent += (n - 1) * s
     return offset + extent <= buf_len and (offset > 0 or extent < buf_len)
+
+
+# DeferAndFuse's read-after-write forwarding (eager/forward.py): while a graph is traced,
+# the buffers its writes made, each with (the view written, its offset, the value)
+_WRITTEN = [None]
+
+
+@contextlib.contextmanager
+def forwarding():
+    _WRITTEN[0] = {}
+    try:
+        yield
+    finally:
+        _WRITTEN[0] = None
+
+
+def note_write(new, shape, stride, dtype, offset, value) -> None:
+    """A write of `value` into the view made the flat buffer `new` (inside `forwarding`)."""
+    seen = _WRITTEN[0]
+    if seen is not None and distinct(shape, stride):
+        seen[id(new)] = (new, (shape, stride, dtype), offset, value)
+
+
+def written(flat, shape, stride, dtype, offset):
+    """The value that made `flat` when that write's view is this one at the very same
+    offset (a static number, or the same traced parameter), else None."""
+    seen = _WRITTEN[0]
+    hit = seen.get(id(flat)) if seen else None
+    if (hit is None or hit[0] is not flat or hit[1] != (shape, stride, dtype)
+            or not (hit[2] is offset or type(offset) is int and hit[2] == offset)):
+        return None
+    return hit[3]
+
+
+def distinct(shape, stride) -> bool:
+    """Whether no two elements of the view share memory."""
+    span = 1
+    for s, n in sorted((s, n) for n, s in zip(shape, stride) if n > 1):
+        if s < span:
+            return False
+        span += (n - 1) * s
+    return True
 
 
 @functools.lru_cache(maxsize=4096)

@@ -6,7 +6,8 @@ before, a view alive across the write.
 
 tests/modes/test_partial_writes.py runs it after `s/cuda/tpu/g` and as written with
 FORCE_CPU=1; it prints "RESULT {json}": each step's values, and on tpu how many writes
-ran in place (torch_tpu.metrics' `writes_in_place`).
+ran in place (Strict) and how many graphs read a written view back as its value
+(DeferAndFuse): torch_tpu.metrics' `writes_in_place` and `fused_forwarded_reads`.
 """
 import json
 import os
@@ -42,8 +43,9 @@ for step in range(int(os.environ.get("STEPS", "4"))):
     out["ids"] = ids[:, :16].sum().item()
     steps.append(out)
 
-in_place = None
+counts = None
 if device != "cpu":
     import torch_tpu
-    in_place = torch_tpu.metrics.as_dict()["counters"].get("writes_in_place", 0)
-print("RESULT " + json.dumps({"rank": 0, "steps": steps, "writes_in_place": in_place}))
+    counts = {k: torch_tpu.metrics.as_dict()["counters"].get(k, 0)
+              for k in ("writes_in_place", "fused_forwarded_reads")}
+print("RESULT " + json.dumps({"rank": 0, "steps": steps, "counts": counts}))

@@ -29,9 +29,10 @@ import time
 
 import jax
 
-from .. import _C, _config, _frames, _runtime, metrics
+from .. import _C, _config, _frames, _runtime, _storage, metrics
 from .._program_cache import admit_graph
 from ..op import asserts
+from . import forward
 
 _CACHE: dict = {}
 _CACHE_UNCHECKED: dict = {}  # the graphs compiled with TORCH_TPU_DEVICE_ASSERTS=0
@@ -85,17 +86,18 @@ def _build(nodes, wiring, out_refs, dyn_slots, next_, checked=()):
         chain = (args[-1],) if checked else asserts.unlinked()
         vals = []
         d = 0
-        for raw, w, nd, name, link in zip(raws, wiring, ndyn, names, linked):
-            ins = [ext[x] if type(x) is int else vals[x[0]][x[1]] for x in w]
-            extra = chain if link else ()
-            try:
-                with jax.named_scope(name):
-                    vals.append(raw(*ins, *[dyns[j] for j in dyn_slots[d:d + nd]], *extra))
-            except Exception as e:  # name the op; the user's line is added by flush()
-                raise _NodeError(len(vals), e) from e
-            d += nd
-            if link and checked:
-                chain = (vals[-1][-1],)
+        with _storage.forwarding():  # a view read back as a write left it (forward.py)
+            for raw, w, nd, name, link in zip(raws, wiring, ndyn, names, linked):
+                ins = [ext[x] if type(x) is int else vals[x[0]][x[1]] for x in w]
+                extra = chain if link else ()
+                try:
+                    with jax.named_scope(name):
+                        vals.append(raw(*ins, *[dyns[j] for j in dyn_slots[d:d + nd]], *extra))
+                except Exception as e:  # name the op; the user's line is added by flush()
+                    raise _NodeError(len(vals), e) from e
+                d += nd
+                if link and checked:
+                    chain = (vals[-1][-1],)
         outs = [vals[a][b] for a, b in out_refs]
         if checked:
             outs.append(chain[0])
@@ -198,6 +200,7 @@ def flush(nodes) -> None:
     # wire, choose outputs and donations, key the graph: in C, one pass over the nodes;
     # from here on only `ext` holds the inputs
     key, ext, dyns, storages, donate = _C.flush_plan(nodes, _DONATE)
+    key = forward.alias(nodes, key, dyns, _decode)  # equal offsets of a write and its read
     checking = asserts.enabled()  # off: the same graphs without the code (dead in XLA)
     cache = _CACHE if checking else _CACHE_UNCHECKED
     hit = cache.get(key)

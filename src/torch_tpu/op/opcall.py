@@ -351,7 +351,9 @@ class OpPlan(OpSchema):
             shape, stride, offset, dtype, blen, bdt, *bits = part
             if offset == _storage.DYNAMIC:
                 offset = offsets[b] = next(dyns_it)
-            x = _storage.reader(tuple(shape), tuple(stride), part[2], blen, bdt, dtype)(bufs[b], offset)
+            x = _storage.written(bufs[b], tuple(shape), tuple(stride), dtype, offset)
+            if x is None:  # (not a view a write in this DeferAndFuse graph made: forward.py)
+                x = _storage.reader(tuple(shape), tuple(stride), part[2], blen, bdt, dtype)(bufs[b], offset)
             return (_math_bits(x, *bits[0]) if bits else x), b + 1
 
         def fn(bufs, dyns, specs):
@@ -418,11 +420,12 @@ class OpPlan(OpSchema):
                 b = buf_index[(i, j)]
                 off = offsets.get(b, offset)
                 if shared is None:
-                    out.append(w(bufs[b], x, off))
+                    new = w(bufs[b], x, off)
                 else:
                     g = shared[b]
                     latest[g] = new = w(latest.get(g, bufs[b]), x, off)
-                    out.append(new)
+                _storage.note_write(new, tuple(shape), tuple(stride), dtype, off, x)
+                out.append(new)
             if bounds is not None:  # the asserts' chain: its value is the last dyn
                 out.append(asserts.fold(dyns[-1], asserts.op_code(bounds(args))))
             return raw, out
