@@ -7,7 +7,7 @@
   trainer_max the same, every batch padded to 128 (`padding="max_length"`, the user's
               manual fix): the reference the bucketed run is held against;
   grpo        TRL's GRPOTrainer on a tiny Llama, completions of up to 6 tokens that end at
-              their own lengths, 6 steps;
+              their own lengths, 12 steps (the warm median over steps 3-12);
   generate16, generate128
               nanoGPT's `generate` (a model call on the last block of tokens, top-k,
               `torch.multinomial`, `torch.cat` of the new token: no host sync) of 16 or 32
@@ -128,7 +128,7 @@ def grpo() -> dict:
     g = torch.Generator().manual_seed(1)
     prompts = [" ".join(f"w{int(i)}" for i in torch.randint(4, 14, (4,), generator=g))
                for _ in range(32)]
-    args = GRPOConfig(output_dir=out, max_steps=6, per_device_train_batch_size=16,
+    args = GRPOConfig(output_dir=out, max_steps=12, per_device_train_batch_size=16,
                       num_generations=8, max_completion_length=6, learning_rate=2e-2,
                       temperature=1.0, top_k=12, logging_steps=1, seed=0, bf16=False,
                       save_strategy="no", report_to="none", disable_tqdm=True)
