@@ -115,8 +115,8 @@ class StrictExecutor:
         None (every op keeps its checks)."""
         st = dst.untyped_storage()
         if (st.nbytes() < IN_PLACE_MIN_BYTES or src.untyped_storage() is st
-                or dst.shape != src.shape or dst.dtype != src.dtype or dst.is_conj()
-                or dst.is_neg() or covers_storage(dst)):
+                or dst.shape != src.shape or dst.dtype != src.dtype or dst.device != src.device
+                or dst.is_conj() or dst.is_neg() or covers_storage(dst)):
             return False
         rec = getattr(st, _ATTR, None)
         if rec is None:  # a fresh storage: its zeros, as its first op would make them
