@@ -17,6 +17,10 @@ the buffer it made with its view, its offset and its value; a read of that buffe
 the same view and the very same offset gets the value. A loop whose offsets are equal
 at some steps and not at others has two graphs, one of each. Views whose elements share
 memory are not forwarded (reading them back is not the value written).
+
+What keeps it exact is the trace's test alone (the same view, the same offset object):
+`alias` only ever makes two slots of the same value one, which changes no number, so a
+pair that `_layout` got wrong costs a graph variant, never a wrong value.
 """
 from __future__ import annotations
 
