@@ -404,6 +404,21 @@ def test_graph_with_unlowered_op_runs_eagerly():
     assert _counters()["compile.eager_graphs"] == 1
 
 
+def test_lowerings_returning_named_tuples():
+    """A lowering's named tuple (jax's SVDResult behind svdvals, torch.return_types) comes
+    back from a graph as its fields, cast to the meta dtypes."""
+    x = torch.randn(5, 3)
+
+    def f(a):
+        s = torch.linalg.svdvals(a)
+        values, indices = torch.sort(a, dim=0)
+        return s, values, indices, torch.linalg.eigvalsh(a.T @ a)
+
+    got = _compiled(f)(x.to("tpu"))
+    for g, want in zip(got, f(x)):
+        torch.testing.assert_close(g.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
 # ---------------------------------------------------------------- persistent cache
 _STEP_SCRIPT = textwrap.dedent("""
     import json

@@ -48,6 +48,25 @@ def test_out_on_another_device_is_refused(mode, case):
         torch.tpu.synchronize()  # nothing was left pending by the refusal
 
 
+@pytest.mark.parametrize("case", ["add", "cat", "slice_scatter"])
+def test_compiled_out_on_another_device_is_refused(case):
+    """torch.compile: AOTAutograd makes out= a copy into the out, which may cross devices;
+    the backend refuses it as eager does (slice_scatter's fake kernel checks nothing)."""
+    fn = {**ON_CPU, "slice_scatter": lambda a, b, o: torch.slice_scatter(a, b[:2], 0, 0, 2,
+                                                                          out=o)}[case]
+    a = torch.randn(4, 4, device="tpu")
+    b = torch.randn(4, 4, device="tpu")
+    out = torch.full((4, 4), 7.0)
+    # (dynamo's own fake kernels refuse add's and cat's first, as they would for cuda)
+    with pytest.raises(RuntimeError, match="Expected out tensor to have device tpu:0, but got "
+                                            "cpu instead|two devices, tpu:0 and cpu"):
+        torch.compile(fn, backend="tpu", dynamic=False)(a, b, out)
+    assert (out == 7.0).all()
+    got = torch.empty(4, 4, device="tpu")  # the same call with a tpu out runs
+    torch.compile(fn, backend="tpu", dynamic=False)(a, b, got)
+    torch.testing.assert_close(got.cpu(), fn(a.cpu(), b.cpu(), torch.empty(4, 4)))
+
+
 # a non-empty out of another shape: resized, with torch's warning; an empty one: silently
 RESIZE = {
     "add": lambda d, o: torch.add(torch.ones(4, 4, device=d), 2, out=o),

@@ -26,6 +26,8 @@ import itertools
 import sys
 import warnings
 
+import torch
+
 from .. import _config, _patches, metrics
 from ..lowering import decomp
 from .lower import UnsupportedGraph
@@ -113,10 +115,36 @@ def _skip_runtime_frames() -> None:
             trace_rules.add(f"{package.__name__}.{module.name}")
 
 
+def _check_out_devices(gm) -> None:
+    """An out= on another device than the op's tpu inputs is refused, as eager refuses it.
+    AOTAutograd would not: it functionalizes `op(..., out=o)` into the op and a copy into
+    `o`, and a copy may cross devices (torch's fake kernels check the out's device for
+    some ops only: slice_scatter's, for one, does not)."""
+    def device(a):
+        v = getattr(a, "meta", {}).get("example_value")
+        return v.device if isinstance(v, torch.Tensor) else None
+
+    for node in gm.graph.nodes:
+        out = node.kwargs.get("out") if node.op == "call_function" else None
+        if out is None:
+            continue
+        ins = [device(a) for a in (*node.args, *(v for k, v in node.kwargs.items() if k != "out"))]
+        want = next((d for d in ins if d is not None and d.type == "tpu"), None)
+        for o in out if isinstance(out, (list, tuple)) else (out,):
+            got = device(o)
+            if want is not None and got is not None and got.type != "tpu":
+                where = [ln for ln in (node.meta.get("stack_trace") or "").splitlines()
+                         if ln.strip().startswith("File ")][-1:]
+                raise RuntimeError(f"Expected out tensor to have device {want}, but got {got} "
+                                   f"instead ({getattr(node.target, '__name__', node.target)}"
+                                   f"{', ' + where[0].strip() if where else ''})")
+
+
 def backend(gm, example_inputs, **kwargs):
     """The dynamo backend: a dynamo graph in, a callable on real tensors out."""
     setup_dynamo()
     metrics.count("compile.dynamo_graphs")
+    _check_out_devices(gm)
     if not _config.get("TORCH_TPU_COMPILE_AHEAD"):
         return _aot_backend()(gm, example_inputs, **kwargs)
     from torch._functorch import config

@@ -499,7 +499,9 @@ def _cast_like(out, meta):
             out = out.reshape(shape) if out.size == math.prod(shape) else jnp.broadcast_to(out, shape)
         return out
     if isinstance(meta, (list, tuple)) and isinstance(out, (list, tuple)):
-        return type(out)(_cast_like(o, m) for o, m in zip(out, meta))
+        cast = [_cast_like(o, m) for o, m in zip(out, meta)]
+        # (a lowering's named tuple, torch.return_types or jax's SVDResult: built by field)
+        return type(out)._make(cast) if hasattr(out, "_fields") else type(out)(cast)
     return out
 
 

@@ -261,6 +261,8 @@ def _out(opinfo, mode):
                 raise Failed(f"out {how}: CPU {_brief(cpu_err)}; tpu {_brief(tpu_err)}")
             continue
         (couts, _, _), (touts, tres, given) = cpu, tpu
+        if mode == "compiled":  # dynamo's out= handling decides the layout: CPU's under it
+            given = [c.stride() for c in couts]
         if how == "right":
             right = couts
         elif how == "noncontiguous" and right is not None:
@@ -274,7 +276,8 @@ def _out(opinfo, mode):
             if t.shape != c.shape:
                 raise Failed(f"out {how}: shape {tuple(t.shape)}, CPU {tuple(c.shape)}")
             # a right-sized out keeps its strides (a resized one may take any: torch's
-            # own linalg kernels make theirs column-major)
+            # own linalg kernels make theirs column-major); compiled, it has CPU's under
+            # dynamo (which restrides linear's)
             if how in ("right", "noncontiguous") and t.numel() and t.stride() != g:
                 raise Failed(f"out {how}: strides {t.stride()}, given {g}")
         if values and opinfo.name in compare.GAUGE:  # eigenvectors' signs are free
