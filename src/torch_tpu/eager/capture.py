@@ -264,8 +264,12 @@ class TPUGraph:
         # each input: the storage replay reads, or a compiled graph's constant (its own)
         inputs = [owner.get(id(b), b) for b in ext]
         wiring, out_refs, dyn_slots, _, _ = fuse._decode(key)
-        body = fuse._build(nodes, wiring, out_refs, dyn_slots, len(ext))
-        body.__name__ = body.__qualname__ = f"captured_{len(nodes)}ops"
+
+        def body():  # built on a program-cache miss only (generate captures per call)
+            fn = fuse._build(nodes, wiring, out_refs, dyn_slots, len(ext))
+            fn.__name__ = fn.__qualname__ = f"captured_{len(nodes)}ops"
+            return fn
+
         self._rng = tuple((j, type(d) is _Seed, int(d) - self._base)
                           for j, d in enumerate(dyns) if type(d) in (_Seed, _Offset))
         # seeds and offsets as device scalars too, so that every argument is an array and
@@ -296,7 +300,7 @@ class TPUGraph:
         hit = _PROGRAMS.pop(key, None)
         if hit is None:
             t0 = time.perf_counter()
-            jitted = jax.jit(body)
+            jitted = jax.jit(body())
             compiled = jitted.lower(*args).compile()
             # the direct call: ~0.1 ms less per replay of a 31-input decode step (0.32 ->
             # ~0.2 ms)
@@ -372,7 +376,7 @@ class TPUGraph:
 
     def debug_dump(self, path: str) -> None:
         text = (self._stages.as_text() if self._stages is not None else
-                jax.jit(self._traced[0]).lower(*self._traced[1]).as_text() if self._traced else "")
+                jax.jit(self._traced[0]()).lower(*self._traced[1]).as_text() if self._traced else "")
         with open(path, "w") as f:
             f.write(text)
 
