@@ -66,8 +66,8 @@ def test_padded_batch_with_eos_equals_cpu(mode):
 @pytest.mark.parametrize("mode", ("strict", "defer_and_fuse", "static"))
 def test_decode_step_captured_and_replayed(mode):
     """Greedy, a left-padded batch with an EOS one row reaches early, no scores: each call
-    captures its decode step and replays it once a token (the step past the stop
-    included), the sequences equal CPU's, and the second call (same bucket, the step
+    captures its decode step and replays it, several tokens a launch (each replayed step
+    counted), the sequences equal CPU's, and the second call (same bucket, the step
     captured again) compiles nothing. With the static cache, transformers' compiled
     forward is one node of the captured step from its first call: its graph compiles
     only inside the step's program, never on its own."""
@@ -75,10 +75,21 @@ def test_decode_step_captured_and_replayed(mode):
     assert summary["captured"] == 2 and summary["uncaptured"] == {}, summary
     if mode == "static":
         assert summary["compiled_programs"] == 0, summary
-    # 16 and 20 new tokens: the first comes from the prefill, one replay each after it,
-    # the stop read one step late (the EOS row does not stop the batch: max_length does)
+    # 16 and 20 new tokens: the first comes from the prefill, one replayed step each
+    # after it (the EOS row does not stop the batch: max_length does)
     assert summary["replays"] == 15 + 19, summary
     assert first["eos_rows"] == 1 and second["programs"] == 0, (first, second)
+
+
+@pytest.mark.parametrize("mode", ("strict", "defer_and_fuse"))
+def test_captured_decode_stops_at_eos_inside_a_launch(mode):
+    """Every row reaches EOS at its 7th new token, inside a launch of several decode steps
+    (TPUGraph.replay_steps): the sequences end there, equal to CPU's, and the next call,
+    in the same bucket and stopping alike, compiles nothing."""
+    (first, second), summary = _run(mode, "24,20", "--all-eos", "--plain")
+    assert summary["captured"] == 2 and summary["uncaptured"] == {}, summary
+    assert first["shape"][1] <= 8 + 7 and second["shape"] == first["shape"], (first, second)
+    assert second["programs"] == 0, second
 
 
 def test_sampled_captured_decode_draws_as_transformers_loop():

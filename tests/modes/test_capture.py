@@ -103,6 +103,49 @@ def test_replay_compiles_nothing_and_reads_nothing_back(eager):
     assert got == seen2.tolist()
 
 
+def test_replay_steps_runs_n_replays_in_one_launch(eager):
+    """replay_steps(n): what n replays in a row give (each run reads the last one's writes,
+    random ops draw anew each run), from one launch; the loop compiles once, by graph."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8).to("tpu")
+    x, acc, noise = (torch.zeros(2, 8, device="tpu") for _ in range(3))
+    x.copy_(torch.randn(2, 8))
+
+    @torch.no_grad()
+    def step():
+        x.copy_(torch.tanh(lin(x)))
+        acc.add_(x)
+        noise.add_(torch.rand(2, 8, device="tpu"))
+
+    start = [t.clone() for t in (x, acc, noise)]
+    step()  # warm-up
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        step()
+
+    def run(launch):
+        for t, s in zip((x, acc, noise), start):
+            t.copy_(s)
+        torch.manual_seed(5)
+        launch()
+        return [t.cpu() for t in (x, acc, noise)], torch.tpu.default_generators[0].get_offset()
+
+    def loops():
+        g.replay_steps(3)
+        g.replay_steps(2)
+
+    one_by_one = run(lambda: [g.replay() for _ in range(5)])
+    looped = run(loops)  # (its loop program compiles now, or came from another graph's)
+    before = metrics.counters.copy()
+    again = run(loops)
+    grew = metrics.counters - before
+    for a, b, c in zip(one_by_one[0], looped[0], again[0]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+    assert one_by_one[1] == looped[1] == again[1]  # the generator past the same draws
+    assert grew["graphs.replays"] == 5 and not grew["graphs.compiled"], grew
+
+
 def test_capture_runs_nothing_until_replay(eager):
     w = torch.ones(4, device="tpu")
     g = torch.tpu.TPUGraph()

@@ -12,6 +12,8 @@ call compiled (torch.tpu.compile_cache_stats), then a summary line.
                          generator draws other numbers
   --batch-eos            a batch of 2 prompts, one left-padded, with an EOS token that one
                          row reaches early; also returns the scores
+  --all-eos              one prompt, with an EOS token it reaches at its 7th new token:
+                         the call stops there, before max_new_tokens
   --plain                no scores (--batch-eos) and no streamer (--sample): what the
                          captured decode step holds (the summary counts captured calls)
 """
@@ -29,6 +31,7 @@ parser.add_argument("--mode", default="strict")
 parser.add_argument("--lengths", default="16")
 parser.add_argument("--sample", action="store_true")
 parser.add_argument("--batch-eos", action="store_true")
+parser.add_argument("--all-eos", action="store_true")
 parser.add_argument("--plain", action="store_true")
 args = parser.parse_args()
 
@@ -61,6 +64,9 @@ if args.batch_eos:  # a token the first row produces at its 4th step
     first = cpu_model.generate(prompt, attention_mask=mask, max_new_tokens=4, do_sample=False)
     eos = int(first[0, -1])
     extra.update(eos_token_id=eos, return_dict_in_generate=True, output_scores=not args.plain)
+if args.all_eos:  # the token the prompt's greedy continuation has 7th: every row stops
+    eos = int(cpu_model.generate(prompt, attention_mask=mask, max_new_tokens=7, do_sample=False)[0, -1])
+    extra.update(eos_token_id=eos)
 
 
 def programs():

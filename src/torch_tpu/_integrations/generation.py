@@ -27,14 +27,15 @@ for it; the step queued past the stop is dropped, and the cache cropped to the l
 
 Each decode step is then captured (torch.tpu.graph, eager/capture.py) and replayed: the
 step, from the forward to the token written into the buffers and the stop flag, is one XLA
-program with one launch per token, in Strict and DeferAndFuse (not in Debug, whose point is
-op by op). Its inputs are device buffers the step updates itself: the last token, its
-position ids, the column written (data, so every replay writes the next one), the
-unfinished rows. The region is recorded again at each call, so it always is what the
+program, in Strict and DeferAndFuse (not in Debug, whose point is op by op). Its inputs are
+device buffers the step updates itself: the last token, its position ids, the column
+written (data, so every replay writes the next one), the unfinished rows, the first length
+at which every row had finished. So one launch runs _STEPS tokens (TPUGraph.replay_steps,
+a device loop over the step), and the host reads that length once a launch. The region is recorded again at each call, so it always is what the
 Python code does now (adapters switched, a new model); the program of an equal region is
 reused (capture's program cache). The step captured holds only what a replay repeats
 exactly: the logits warpers that read the scores alone (`_WARPERS`), and the EOS stopping
-criterion (max length and max time are checked on the host between replays). Other
+criterion (max length and max time are checked on the host between launches). Other
 processors or criteria, scores or logits returned, a streamer, or a region capture refuses
 (CaptureError) decode op by op, counted in `generate_uncaptured` with the reason in
 `uncaptured_reasons()`; TORCH_TPU_CAPTURED_GENERATE=0 turns it off. A compiled forward
@@ -83,7 +84,7 @@ _uncaptured: collections.Counter = collections.Counter()
 _WARPERS = frozenset({"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
                       "MinPLogitsWarper", "TypicalLogitsWarper", "EpsilonLogitsWarper",
                       "EtaLogitsWarper", "SuppressTokensLogitsProcessor"})
-# max length and time are checked on the host between replays, EOS inside the step
+# max length and time are checked on the host between launches, EOS inside the step
 _CRITERIA = frozenset({"MaxLengthCriteria", "MaxTimeCriteria", "EosTokenCriteria"})
 # The stop flag of step t is read after step t + _STOP_LAG - 1 is queued. 1, as
 # transformers' DeferredStopCheck: the host reads a flag that the step it has just queued
@@ -92,6 +93,12 @@ _CRITERIA = frozenset({"MaxLengthCriteria", "MaxTimeCriteria", "EosTokenCriteria
 # 2 against 261-271 with 1. The flag is read even when only max_length can stop (it is then
 # always false): it bounds how far the host runs ahead.
 _STOP_LAG = 1
+# Decode tokens a replay launches (TPUGraph.replay_steps: a device loop over the captured
+# step). One launch a token cost ~0.2 ms of host work and XLA:CPU launch on the tiny Llama,
+# several times the step's own compute. With EOS, up to 2 x _STEPS - 1 steps may run past
+# the stop (their tokens are padding, dropped, and the cache is cropped), as one step did.
+_STEPS = 8
+_NEVER = 2 ** 62
 _GENERATE_SIGNATURE = (
     "(self: 'GenerativePreTrainedModel', inputs: torch.Tensor | None = None, generation_config: "
     "transformers.generation.configuration_utils.GenerationConfig | None = None, logits_processor: "
@@ -357,6 +364,8 @@ class _CapturedStep:
         self.pos = None if pos is None else pos[..., length - 1:length].clone()
         self.unfinished = unfinished.clone()
         self.done = torch.zeros((), dtype=torch.bool, device=dev) if self.eos else None
+        # the first length after which every row had finished (_NEVER: none yet)
+        self.stop_at = torch.full((1,), _NEVER, dtype=torch.long, device=dev) if self.eos else None
         self.graph = capture.TPUGraph()
 
     @classmethod
@@ -397,16 +406,20 @@ class _CapturedStep:
             self.unfinished.mul_(~crit(tokens[:, None], None))
         if self.eos:
             self.done.copy_(self.unfinished.max() == 0)
+            self.stop_at.copy_(torch.where(self.done, torch.minimum(self.stop_at, self.col),
+                                           self.stop_at))
 
     def run(self, length: int, max_length: int, unread):
-        """Replay up to max_length -> (length, cached, stop), as the op-by-op loop ends;
-        each stop flag is read after the next step is queued."""
+        """Replay up to max_length, _STEPS tokens a launch -> (length, cached, stop), as the
+        op-by-op loop ends; each launch's stopping length is read after the next launch is
+        queued."""
         stop = cached = None
         while length < max_length:
-            self.graph.replay()
-            cached, length = length, length + 1
-            if self.done is not None:
-                unread.append((self.done.clone(), length))
+            n = min(_STEPS, max_length - length)
+            self.graph.replay_steps(n)
+            cached, length = length + n - 1, length + n
+            if self.stop_at is not None:
+                unread.append((self.stop_at.clone(), None))
                 if len(unread) > _STOP_LAG and (stop := _first_stop(unread, 1)) is not None:
                     break
             if any(time.time() - c.initial_timestamp > c.max_time for c in self.timers):
@@ -417,11 +430,15 @@ class _CapturedStep:
 
 
 def _first_stop(unread, n: int):
-    """The length at the first of the `n` oldest unread steps after which every row had
-    finished (None: none had). Reading a flag waits for its step only."""
+    """The length at the first of the `n` oldest unread entries after which every row had
+    finished (None: none had). An entry is a step's flag and its length, or a launch's
+    first stopping length (`at` None). Reading one waits for its step or launch only."""
     for _ in range(n):
         done, at = unread.popleft()
-        if bool(done):
+        if at is None:
+            if (first := int(done)) != _NEVER:
+                return first
+        elif bool(done):
             return at
     return None
 

@@ -218,6 +218,8 @@ class TPUGraph:
         self._traced = None     # capture_end: (the program's body, example arguments)
         self._key = None        # capture_end: (graph key, the entries it names by id)
         self._compiled = None   # instantiate: its call (a direct PJRT call where it can)
+        self._body = None       # capture_end: (body builder, argument avals, graph key)
+        self._repeated = None   # replay_steps: the program running the region n times
         self._stages = None
         self._inputs = ()       # the storages read (or constants), in argument order
         self._sizes = ()        # their sizes in bytes at capture
@@ -280,6 +282,7 @@ class TPUGraph:
         self._sizes = tuple(x.nbytes() if isinstance(x, torch.UntypedStorage) else None
                             for x in inputs)
         self._traced = (body, [*ext, *self._dyns])  # (jit made on a miss only: ~0.25 ms)
+        self._body = (body, [_aval(a) for a in self._traced[1]], key)
         self._key = (key, [n.entry for n in nodes])
         # capture runs nothing: what the region wrote holds what it held before it (what
         # it made: zeros)
@@ -317,12 +320,38 @@ class TPUGraph:
 
     # ------------------------------------------------------------ replay
     def replay(self) -> None:
+        if self._launchable():
+            args, dyns = self._launch_args(1)
+            results = self._compiled(*args, *dyns)
+            _C.replace_buffers(list(self._outputs), None, results)
+            metrics.count("graphs.replays")
+
+    def replay_steps(self, n: int) -> None:
+        """`n` replays in one launch: one program runs the region n times in a device loop,
+        each run reading what the last one wrote, as n replays in a row would (random ops
+        draw anew in each). For a region whose writes feed its own next run, such as
+        generate()'s decode step (a token a run): the host launches once per n."""
+        if n < 1 or not self._launchable():
+            return
+        if self._repeated is None:
+            self._repeated = _repeated_program(self)
+        args, dyns = self._launch_args(n)
+        results = self._repeated(*args, *dyns, _runtime.scalar_to_device(n))
+        _C.replace_buffers(list(self._outputs), None, results)
+        metrics.count("graphs.replays", n)
+
+    def _launchable(self) -> bool:
         if not self._captured:
             raise CaptureError("TPUGraph.replay: nothing was captured")
         if self._compiled is None and self._traced is None:
-            return  # an empty region
+            return False  # an empty region
         if self._compiled is None:
             self.instantiate()
+        return True
+
+    def _launch_args(self, runs: int):
+        """(input buffers, scalars) of the next `runs` replays; the generator moves past
+        their draws."""
         current.flush_pending("graph_replay")  # pending writes to the inputs land first
         args = []
         for x, n in zip(self._inputs, self._sizes):
@@ -340,10 +369,8 @@ class TPUGraph:
             now = gen.get_offset()
             for j, is_seed, rel in self._rng:
                 dyns[j] = _runtime.scalar_to_device(seed if is_seed else (now + rel) & _rng.SEED_MASK)
-            gen.set_offset(now + self._draws)
-        results = self._compiled(*args, *dyns)
-        _C.replace_buffers(list(self._outputs), None, results)
-        metrics.count("graphs.replays")
+            gen.set_offset(now + runs * self._draws)
+        return args, dyns
 
     def _close(self):
         """Leave the capture (ended or failed) -> its recorder; the generator goes back to
@@ -379,6 +406,57 @@ class TPUGraph:
                 jax.jit(self._traced[0]()).lower(*self._traced[1]).as_text() if self._traced else "")
         with open(path, "w") as f:
             f.write(text)
+
+
+def _aval(x):
+    """An argument's abstract value for lowering (no buffer kept alive); Python numbers as
+    they are (jit types them weakly, as at the call)."""
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type)
+    return x
+
+
+def _repeated_program(g: TPUGraph):
+    """The captured region run n times by one program (n, a device scalar, its last
+    argument): a fori_loop whose carry is the region's outputs. An output that is also an
+    input (a storage the region reads and writes) feeds that input in the next run; the
+    generator's offsets advance by the region's draws each run. Cached by graph key, as
+    the region's own program."""
+    body, avals, key = g._body
+    hit = _PROGRAMS.pop((key, "repeated"), None)
+    if hit is None:
+        t0 = time.perf_counter()
+        n_ext = len(g._inputs)
+        feeds = [next((i for i, x in enumerate(g._inputs) if x is st), None) for st in g._outputs]
+        offsets = [j for j, is_seed, _ in g._rng if not is_seed]
+        fn, draws = body(), g._draws
+
+        def repeated(*args):
+            ext, dyns, n = args[:n_ext], args[n_ext:-1], args[-1]
+
+            def run(i, outs):
+                e = list(ext)
+                for out, i_in in zip(outs, feeds):
+                    if i_in is not None:
+                        e[i_in] = out
+                d = list(dyns)
+                for j in offsets:
+                    d[j] = d[j] + (i * draws).astype(d[j].dtype)
+                return tuple(fn(*e, *d))
+
+            shapes = jax.eval_shape(lambda *a: tuple(fn(*a)), *ext, *dyns)
+            first = tuple(ext[i_in] if i_in is not None else jax.numpy.zeros(x.shape, x.dtype)
+                          for x, i_in in zip(shapes, feeds))
+            return list(jax.lax.fori_loop(0, n, run, first))
+
+        n_aval = jax.ShapeDtypeStruct((), _runtime.scalar_to_device(1).dtype)
+        hit = jax.jit(repeated).lower(*avals, n_aval).compile()
+        metrics.compile_seconds[0] += time.perf_counter() - t0
+        metrics.count("graphs.compiled")
+        while len(_PROGRAMS) >= _PROGRAMS_MAX:
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+    _PROGRAMS[(key, "repeated")] = hit
+    return hit
 
 
 def is_current_stream_capturing() -> bool:

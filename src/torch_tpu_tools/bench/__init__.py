@@ -15,6 +15,7 @@ BENCHES = {
     "collectives": ("torch_tpu_tools.bench.collectives", "tpu_dist all_reduce/all_gather/reduce_scatter bus bandwidth vs gloo, 2 processes, 4 KB-64 MB"),
     "scaling": ("torch_tpu_tools.bench.scaling", "Llama train/generate across widths 64-1024 and 128-4096 tokens: eager modes, compiled, CPU eager, inductor, jax.jit; ratio vs FLOPs"),
     "modes": ("torch_tpu_tools.bench.modes", "eager modes on small Llama/Qwen2: Strict vs DeferAndFuse vs Debug vs CPU eager (train, generate, memory, per-op recording)"),
+    "generate": ("torch_tpu_tools.bench.generate", "HF generate() decode tokens/s on a tiny Llama: Strict, DeferAndFuse (captured and op by op), Debug, compiled vs CPU eager and jax.jit"),
     "graphs": ("torch_tpu_tools.bench.graphs", "capture and replay (torch.tpu.graph) vs Strict, DeferAndFuse and CPU eager: small Llama train step, tiny Llama decode step"),
     "soak": ("torch_tpu_tools.bench.soak", "1,000 training steps with generation: RSS, device bytes, objects and programs stay flat (OUT/RELIABILITY.md)"),
     "dist": ("torch_tpu_tools.bench.dist", "FSDP2 and tensor-parallel Llama training steps at 1, 2, 4 processes: tpu_dist (Strict, DeferAndFuse) vs gloo on CPU"),
