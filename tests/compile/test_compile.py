@@ -419,6 +419,26 @@ def test_lowerings_returning_named_tuples():
         torch.testing.assert_close(g.cpu(), want, rtol=1e-4, atol=1e-4)
 
 
+def test_cpu_output_keeps_its_layout_and_host_constants_lower():
+    """A graph's CPU output in channels_last is that layout, values in place (it was read
+    as if contiguous); a tensor the graph makes from a Python number (kaiser's
+    `torch.tensor(beta)`) is a constant lowered while AOTAutograd's fake mode is on."""
+    x = torch.randn(2, 3, 4, 5)
+
+    def to_host(a):
+        return (a * 2).to("cpu", torch.float64, memory_format=torch.channels_last)
+
+    got = _compiled(to_host)(x.to("tpu"))
+    assert got.device.type == "cpu" and got.stride() == to_host(x).stride()
+    torch.testing.assert_close(got, to_host(x))
+
+    def window(n):
+        return torch.signal.windows.kaiser(n, sym=False, beta=2, device=x.to("tpu").device)
+
+    torch.testing.assert_close(_compiled(window)(8).cpu(), torch.signal.windows.kaiser(8, sym=False,
+                                                                                       beta=2))
+
+
 # ---------------------------------------------------------------- persistent cache
 _STEP_SCRIPT = textwrap.dedent("""
     import json

@@ -211,8 +211,10 @@ class Program:
                 outs.append(t)
             elif kind == OUT_INPUT:
                 outs.append(args[spec.value])
-            elif kind == OUT_CPU:
-                outs.append(_runtime.to_host(next(it), spec.dtype).reshape(spec.shape))
+            elif kind == OUT_CPU:  # (the buffer is in memory order, as a tpu output's)
+                host = _runtime.to_host(next(it), spec.dtype)
+                outs.append(host.reshape(spec.shape) if spec.stride is None
+                            else host.as_strided(spec.shape, spec.stride))
             elif kind == OUT_HOST:
                 outs.append(henv[spec.value])
             else:
@@ -462,11 +464,15 @@ def _unpack(packs, specs):
 
 
 def _const_array(t):
-    """A tensor the graph holds as a constant (get_attr) -> a JAX array of its shape."""
-    if isinstance(t, torch.Tensor):
+    """A tensor the graph holds as a constant (get_attr) -> a JAX array of its shape. (The
+    graph may be lowered while AOTAutograd's fake mode is on: a constant is real data.)"""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if not isinstance(t, torch.Tensor):
+        return t
+    with unset_fake_temporarily():
         if t.device.type == "tpu":
             from .._transfer import materialize
 
             return materialize(t)
         return _runtime.to_device(t.detach().contiguous()).reshape(tuple(t.shape))
-    return t

@@ -245,7 +245,9 @@ def _out_sample(opinfo):
 def _out(opinfo, mode):
     """The values of each out are CPU's out= values, but for a non-contiguous out: CPU's
     own kernels mishandle some (torch 2.13's gelu.out writes nothing into one, _softmax.out
-    writes it as if contiguous), so it is held to CPU's values into a right out."""
+    writes it as if contiguous), so it is held to CPU's values into a right out. Compiled,
+    CPU under dynamo is the reference throughout (it writes outs through functional
+    kernels and a copy; it also loses a 0-dim view out's value, as every backend does)."""
     sample, dtype = _out_sample(opinfo)
     # values a random or uninitialized result has are not CPU's: its layout still is
     values = not (_random(opinfo, sample) or opinfo.name.startswith(("empty", "new_empty")))
@@ -265,8 +267,8 @@ def _out(opinfo, mode):
             given = [c.stride() for c in couts]
         if how == "right":
             right = couts
-        elif how == "noncontiguous" and right is not None:
-            couts = _out_like_all(right)
+        elif how == "noncontiguous" and right is not None and mode != "compiled":
+            couts = _out_like_all(right)  # (compiled: CPU under dynamo writes its own right)
         if how in ("right", "noncontiguous"):
             returned = _tensors(tres)  # (a list out= returns None: split_with_sizes_copy)
             if tres is not None and (len(returned) != len(touts) or
