@@ -439,6 +439,12 @@ def test_cpu_output_keeps_its_layout_and_host_constants_lower():
                                                                                        beta=2))
 
 
+def test_compiled_bucketize_refuses_2d_boundaries_as_eager():
+    x, bounds = torch.rand(4, device="tpu"), torch.rand(2, 3, device="tpu")
+    with pytest.raises(RuntimeError, match="boundaries tensor must be 1 dimension"):
+        _compiled(torch.bucketize)(x, bounds)
+
+
 # ---------------------------------------------------------------- persistent cache
 _STEP_SCRIPT = textwrap.dedent("""
     import json

@@ -396,6 +396,8 @@ def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=N
 
 @lowering(aten.bucketize.Tensor, aten.bucketize.Scalar)
 def _bucketize(self, boundaries, *, out_int32=False, right=False):
+    if boundaries.ndim != 1:  # (torch.compile: the fake kernel lets this through on tpu)
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
     # right=False: b[i-1] < v <= b[i], which is searchsorted's side="left"
     out = jnp.searchsorted(boundaries, jnp.asarray(self), side="right" if right else "left")
     return out.astype(_index_dtype(out_int32))
