@@ -420,16 +420,19 @@ def _repeated_program(g: TPUGraph):
     """The captured region run n times by one program (n, a device scalar, its last
     argument): a fori_loop whose carry is the region's outputs. An output that is also an
     input (a storage the region reads and writes) feeds that input in the next run; the
-    generator's offsets advance by the region's draws each run. Cached by graph key, as
-    the region's own program."""
+    generator's offsets advance by the region's draws each run. Cached as the region's own
+    program, by its graph key and which outputs feed which inputs (not in that key: a
+    region writing what it reads and one writing elsewhere may share it)."""
     body, avals, key = g._body
-    hit = _PROGRAMS.pop((key, "repeated"), None)
+    feeds = tuple(next((i for i, x in enumerate(g._inputs) if x is st), None) for st in g._outputs)
+    draws = g._draws
+    cache_key = (key, "repeated", feeds, draws)
+    hit = _PROGRAMS.pop(cache_key, None)
     if hit is None:
         t0 = time.perf_counter()
         n_ext = len(g._inputs)
-        feeds = [next((i for i, x in enumerate(g._inputs) if x is st), None) for st in g._outputs]
         offsets = [j for j, is_seed, _ in g._rng if not is_seed]
-        fn, draws = body(), g._draws
+        fn = body()
 
         def repeated(*args):
             ext, dyns, n = args[:n_ext], args[n_ext:-1], args[-1]
@@ -455,7 +458,7 @@ def _repeated_program(g: TPUGraph):
         metrics.count("graphs.compiled")
         while len(_PROGRAMS) >= _PROGRAMS_MAX:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))
-    _PROGRAMS[(key, "repeated")] = hit
+    _PROGRAMS[cache_key] = hit
     return hit
 
 
