@@ -285,8 +285,10 @@ lowering(aten.unfold_copy.default)(_unfold)
 @lowering(aten.unfold_backward.default)
 def _unfold_backward(grad_in, input_sizes, dim, size, step):
     # overlapping windows sum their gradients: the transpose of the gather above
-    _, vjp = jax.vjp(lambda x: _unfold(x, dim, size, step), jnp.zeros(input_sizes, grad_in.dtype))
-    return vjp(grad_in)[0]
+    # (grad_in may broadcast to the windows' shape: istft's compiled backward hands one
+    # window row for all, as torch's kernel accepts)
+    out, vjp = jax.vjp(lambda x: _unfold(x, dim, size, step), jnp.zeros(input_sizes, grad_in.dtype))
+    return vjp(jnp.broadcast_to(grad_in, out.shape))[0]
 
 
 # ---------------------------------------------------------------- *_scatter: write into a view
