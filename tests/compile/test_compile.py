@@ -455,6 +455,24 @@ def test_compiled_istft_backward_matches_cpu():
     torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_compiled_native_batch_norm_out_matches_cpu():
+    """native_batch_norm(..., out=) compiled: the outs and the running stats as CPU's."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 4, 5), torch.randn(4), torch.randn(4)
+
+    def f(x, w, b, rm, rv, outs):
+        return torch.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5, out=outs)
+
+    def run(dev, fn):
+        state = [torch.zeros(4, device=dev), torch.ones(4, device=dev)]
+        outs = (torch.empty(3, 4, 5, device=dev), torch.empty(4, device=dev), torch.empty(4, device=dev))
+        fn(x.to(dev), w.to(dev), b.to(dev), *state, outs)
+        return [t.cpu() for t in (*outs, *state)]
+
+    for got, want in zip(run("tpu", _compiled(f)), run("cpu", f)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_compiled_bucketize_refuses_2d_boundaries_as_eager():
     x, bounds = torch.rand(4, device="tpu"), torch.rand(2, 3, device="tpu")
     with pytest.raises(RuntimeError, match="boundaries tensor must be 1 dimension"):

@@ -140,11 +140,47 @@ def _check_out_devices(gm) -> None:
                                    f"{', ' + where[0].strip() if where else ''})")
 
 
+def _native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum,
+                       eps, *, out=None):
+    """torch.native_batch_norm(..., out=) as torch's decomposition redirects it (to
+    _native_batch_norm_legit, whose schema marks the running stats as written), then
+    copied into the outs, applied to the dynamo graph, above AOTAutograd's
+    functionalization: from the decomposition table, below it, AOTAutograd found the
+    mutating op in its functional graph and refused the graph."""
+    from torch._decomp.decompositions import native_batch_norm_decomposition
+    from torch._prims_common.wrappers import _maybe_resize_out, _safe_copy_out
+
+    res = native_batch_norm_decomposition(input, weight, bias, running_mean, running_var,
+                                          training, momentum, eps)
+    if out is None:
+        return res
+    for o, r in zip(out, res):
+        _maybe_resize_out(o, r.shape)
+        _safe_copy_out(copy_from=r, copy_to=o, exact_dtype=False)
+    return out
+
+
+# out= calls that must change before AOTAutograd sees them
+_REWRITES = {torch.native_batch_norm: _native_batch_norm,
+             torch.ops.aten.native_batch_norm.out: _native_batch_norm}
+
+
+def _rewrite(gm) -> None:
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _REWRITES and "out" in node.kwargs:
+            node.target = _REWRITES[node.target]
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 def backend(gm, example_inputs, **kwargs):
     """The dynamo backend: a dynamo graph in, a callable on real tensors out."""
     setup_dynamo()
     metrics.count("compile.dynamo_graphs")
     _check_out_devices(gm)
+    _rewrite(gm)
     if not _config.get("TORCH_TPU_COMPILE_AHEAD"):
         return _aot_backend()(gm, example_inputs, **kwargs)
     from torch._functorch import config

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import bounds
+from ._dtypes import scalar_type_name
 from .registry import aten, index_bounds, lowering
 
 
@@ -356,8 +357,9 @@ def _put(self, index, source, accumulate=False):
 
 @lowering(aten.masked_scatter.default)
 def _masked_scatter(self, mask, source):
-    if mask.dtype != jnp.bool_:  # (a uint8 mask: torch refuses it; its words come from CPU)
-        raise TypeError(f"masked_scatter_ only supports boolean masks, got {mask.dtype}")
+    if mask.dtype != jnp.bool_:  # (a uint8 mask: torch refuses it, in CPU's words)
+        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with "
+                           f"dtype {scalar_type_name(mask.dtype)}")
     shape = jnp.broadcast_shapes(self.shape, mask.shape)  # the result broadcasts both
     self = jnp.broadcast_to(self, shape)
     mask = jnp.broadcast_to(mask.astype(jnp.bool_), shape)

@@ -13,7 +13,7 @@ from jax import lax
 
 from .. import _runtime
 from ._dtypes import (cast_operands, is_inexact, pointwise, promote, result_dtype, round_to,
-                      scalar_like)
+                      scalar_like, scalar_type_name)
 from .registry import aten, keyed_scalars, lowering
 
 
@@ -326,6 +326,9 @@ def _frexp(self):
 # ---------------------------------------------------------------- complex numbers
 @lowering(aten.complex.default)
 def _complex(real, imag):
+    if real.dtype != imag.dtype:  # (compiled: the meta kernel lets it through; CPU's words)
+        raise RuntimeError(f"Expected object of scalar type {scalar_type_name(real.dtype)} but "
+                           f"got scalar type {scalar_type_name(imag.dtype)} for second argument")
     return lax.complex(*jnp.broadcast_arrays(real, imag))
 
 
