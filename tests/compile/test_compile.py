@@ -473,10 +473,25 @@ def test_compiled_native_batch_norm_out_matches_cpu():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_compiled_bucketize_refuses_2d_boundaries_as_eager():
-    x, bounds = torch.rand(4, device="tpu"), torch.rand(2, 3, device="tpu")
-    with pytest.raises(RuntimeError, match="boundaries tensor must be 1 dimension"):
-        _compiled(torch.bucketize)(x, bounds)
+_REFUSED = {  # what torch's fake kernels let through on tpu, refused in CPU's words
+    "bucketize": (lambda d: torch.bucketize(torch.rand(4, device=d), torch.rand(2, 3, device=d)),
+                  "boundaries tensor must be 1 dimension"),
+    "complex": (lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, dtype=torch.float64,
+                                                                              device=d)),
+                "Expected object of scalar type Float but got scalar type Double"),
+    "masked_scatter": (lambda d: torch.ones(3, device=d).masked_scatter(
+        torch.ones(3, dtype=torch.uint8, device=d), torch.ones(3, device=d)),
+        "masked_scatter_ only supports boolean masks, but got mask with dtype Byte"),
+}
+
+
+@pytest.mark.parametrize("case", list(_REFUSED))
+def test_compiled_refusals_as_eager(case):
+    fn, words = _REFUSED[case]
+    with pytest.raises(RuntimeError, match=words):
+        fn("cpu")
+    with pytest.raises(RuntimeError, match=words):
+        _compiled(fn)("tpu")
 
 
 # ---------------------------------------------------------------- persistent cache
