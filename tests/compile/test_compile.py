@@ -473,6 +473,28 @@ def test_compiled_native_batch_norm_out_matches_cpu():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_compiled_margin_losses_match_eager(reduction):
+    """torch's own tracing gets these wrong on every backend: multilabel_margin_loss's
+    decomposition counts the slots after a -1 as class 0, and one sample's unreduced
+    loss comes out (1,) where eager gives ()."""
+    torch.manual_seed(0)
+    F = torch.nn.functional
+    cases = [(F.multilabel_margin_loss, torch.randn(5), torch.tensor([1, 3, -1, 0, 0])),
+             (F.multilabel_margin_loss, torch.randn(2, 4), torch.tensor([[2, -1, 0, 1], [0, 1, 2, 3]])),
+             (F.multi_margin_loss, torch.randn(5), torch.tensor(2))]
+    for loss, x, t in cases:
+        want_x = x.clone().requires_grad_(True)
+        want = loss(want_x, t, reduction=reduction)
+        want.sum().backward()
+        got_x = x.to("tpu").requires_grad_(True)
+        got = _compiled(lambda a, b: loss(a, b, reduction=reduction))(got_x, t.to("tpu"))
+        got.sum().backward()
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.detach().cpu(), want.detach())
+        torch.testing.assert_close(got_x.grad.cpu(), want_x.grad)
+
+
 _REFUSED = {  # what torch's fake kernels let through on tpu, refused in CPU's words
     "bucketize": (lambda d: torch.bucketize(torch.rand(4, device=d), torch.rand(2, 3, device=d)),
                   "boundaries tensor must be 1 dimension"),

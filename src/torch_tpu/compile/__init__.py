@@ -160,16 +160,70 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
     return out
 
 
-# out= calls that must change before AOTAutograd sees them
-_REWRITES = {torch.native_batch_norm: _native_batch_norm,
-             torch.ops.aten.native_batch_norm.out: _native_batch_norm}
+def _unreduced_as_eager(loss_fn):
+    """multi_margin_loss with one sample's (a (C,) input's) unreduced loss 0-dim, as eager
+    gives it: torch's meta kernel, which dynamo traces with, makes it (1,) on every
+    backend (inductor on CUDA too)."""
+    import inspect
+
+    signature = inspect.signature(loss_fn)
+
+    def call(*args, **kwargs):
+        out = loss_fn(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        reduction = (a["reduction"] if a["size_average"] is None and a["reduce"] is None else
+                     torch.nn.functional._Reduction.legacy_get_string(a["size_average"], a["reduce"]))
+        return out.reshape(()) if reduction == "none" and a["input"].dim() <= 1 else out
+
+    return call
+
+
+def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """F.multilabel_margin_loss in ops AOTAutograd traces as they are. torch's own
+    decomposition, which tracing applies at the Autograd key on every backend, counts the
+    target slots after the first -1 as class 0 (CPU under aot_eager: 1.60 for eager's
+    1.00), and gives one sample's unreduced loss the shape (1,)."""
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn.functional._Reduction.legacy_get_string(size_average, reduce)
+    torch._check(input.dim() <= 2 and input.shape[-1:] != (0,), lambda: (
+        f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: "
+        f"{input.shape}"))
+    torch._check(target.shape == input.shape, lambda: (
+        f"inconsistent target size: {target.shape} for input of size: {input.shape}"))
+    x, y = torch.atleast_2d(input), torch.atleast_2d(target)
+    c = x.shape[-1]
+    idx = torch.arange(c, device=y.device)
+    used = idx < torch.where(y == -1, idx, c).amin(-1, keepdim=True)  # slots before the -1
+    is_target = (idx == torch.where(used, y, -1).unsqueeze(-1)).any(1)   # (N, C)
+    picked = x.gather(-1, torch.where(used, y, 0))                      # x at each slot
+    margins = (1 - picked.unsqueeze(-1) + x.unsqueeze(1)).clamp_min(0) / c  # (N, slot, C)
+    per = (margins * used.unsqueeze(-1) * ~is_target.unsqueeze(1)).sum((1, 2))
+    if reduction == "mean":
+        return per.mean()
+    if reduction == "sum":
+        return per.sum()
+    return per.reshape(()) if input.dim() <= 1 else per
+
+
+# calls that must change before AOTAutograd sees them: the out= forms of _OUT_REWRITES,
+# every call of _REWRITES
+_OUT_REWRITES = {torch.native_batch_norm: _native_batch_norm,
+                 torch.ops.aten.native_batch_norm.out: _native_batch_norm}
+_REWRITES = {torch.nn.functional.multi_margin_loss:
+             _unreduced_as_eager(torch.nn.functional.multi_margin_loss),
+             torch.nn.functional.multilabel_margin_loss: _multilabel_margin_loss}
 
 
 def _rewrite(gm) -> None:
     changed = False
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _REWRITES and "out" in node.kwargs:
-            node.target = _REWRITES[node.target]
+        if node.op != "call_function":
+            continue
+        new = _REWRITES.get(node.target) or ("out" in node.kwargs and _OUT_REWRITES.get(node.target))
+        if new:
+            node.target = new
             changed = True
     if changed:
         gm.recompile()

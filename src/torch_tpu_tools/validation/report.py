@@ -461,9 +461,6 @@ _NAN_KINK = ("a reference sample with NaN inputs: CPU's vectorized backward give
              "vectorized form fails the 9-element NaN sample instead")
 _NORM_STATS = ("mean/rstd of a bfloat16 input: CPU returns them in bfloat16, torch's meta "
                "kernel (every other device) and CUDA in float32, as tpu does")
-_META_MARGIN = ("compiled: torch's meta kernel, which every compiled backend traces with, gives "
-                "a (C,) input's unreduced loss the shape (1,) where eager gives (); CPU under "
-                "aot_eager returns (1,) too")
 # why a conformance check fails where it is known: op -> cause, or (op, family) -> cause
 # (then the OpInfo sweep's CAUSES); the expected failures carry it after the detail
 CONFORMANCE_CAUSES = {
@@ -476,8 +473,6 @@ CONFORMANCE_CAUSES = {
     **{(n, "dtypes"): _NORM_STATS for n in ("native_layer_norm", "native_batch_norm",
                                             "_native_batch_norm_legit",
                                             "_batch_norm_with_update")},
-    **{(n, "compare"): _META_MARGIN for n in ("nn.functional.multi_margin_loss",
-                                              "nn.functional.multilabel_margin_loss")},
     ("nn.functional.silu.complex", "compare"): "x / (1 + exp(-x)) where exp overflows: CPU's "
                                                "complex division gives NaN, XLA's the limit 0",
 }
