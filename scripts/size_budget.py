@@ -25,8 +25,11 @@ SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
 # with Strict's compile window (issue 31, eager/window.py and its hooks: ~320 lines), 25.6k
 # then; to 26.1k with writes into part of a large buffer, in place in Strict (a donated
 # buffer) and read back as written in DeferAndFuse (issue 31, eager/forward.py and its
-# hooks; TRL's GRPO step pays for neither now: ~220 lines), 25.85k then.
-BUDGETS = {"torch_tpu": 26_100, "torch_tpu_tools": 9_400}
+# hooks; TRL's GRPO step pays for neither now: ~220 lines), 25.85k then; to 26.3k with
+# replay_steps and generate()'s decode several tokens a launch (issue 34, ~90 lines) and the
+# dynamo-graph rewrites the compiled conformance column needed (issue 33,
+# compile/rewrites.py: ~110 lines), 26.1k then.
+BUDGETS = {"torch_tpu": 26_300, "torch_tpu_tools": 9_400}
 SUFFIXES = {".py", ".cpp", ".h"}
 
 
