@@ -482,7 +482,8 @@ def test_compiled_margin_losses_match_eager(reduction):
     F = torch.nn.functional
     cases = [(F.multilabel_margin_loss, torch.randn(5), torch.tensor([1, 3, -1, 0, 0])),
              (F.multilabel_margin_loss, torch.randn(2, 4), torch.tensor([[2, -1, 0, 1], [0, 1, 2, 3]])),
-             (F.multi_margin_loss, torch.randn(5), torch.tensor(2))]
+             (F.multi_margin_loss, torch.randn(5), torch.tensor(2)),
+             (F.multi_margin_loss, torch.randn(5), torch.tensor([2]))]
     for loss, x, t in cases:
         want_x = x.clone().requires_grad_(True)
         want = loss(want_x, t, reduction=reduction)

@@ -366,7 +366,8 @@ class _CapturedStep:
         self.done = torch.zeros((), dtype=torch.bool, device=dev) if self.eos else None
         # the first length after which every row had finished (_NEVER: none yet)
         self.stop_at = torch.full((1,), _NEVER, dtype=torch.long, device=dev) if self.eos else None
-        self.graph = capture.TPUGraph()
+        # keep_graph: the one-step program is never compiled, replay_steps' loop is
+        self.graph = capture.TPUGraph(keep_graph=True)
 
     @classmethod
     def make(cls, *args):

@@ -20,7 +20,8 @@ def check_out_devices(gm) -> None:
         out = node.kwargs.get("out") if node.op == "call_function" else None
         if out is None:
             continue
-        ins = [device(a) for a in (*node.args, *(v for k, v in node.kwargs.items() if k != "out"))]
+        args = (*node.args, *(v for k, v in node.kwargs.items() if k != "out"))
+        ins = [device(x) for a in args for x in (a if isinstance(a, (list, tuple)) else (a,))]
         want = next((d for d in ins if d is not None and d.type == "tpu"), None)
         for o in out if isinstance(out, (list, tuple)) else (out,):
             got = device(o)
@@ -53,9 +54,9 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
 
 
 def _unreduced_as_eager(loss_fn):
-    """multi_margin_loss with one sample's (a (C,) input's) unreduced loss 0-dim, as eager
-    gives it: torch's meta kernel, which dynamo traces with, makes it (1,) on every
-    backend (inductor on CUDA too)."""
+    """multi_margin_loss with a 0-dim target's unreduced loss 0-dim, as eager gives it:
+    torch's meta kernel, which dynamo traces with, makes it (1,) on every backend
+    (inductor on CUDA too)."""
     import inspect
 
     signature = inspect.signature(loss_fn)
@@ -67,7 +68,7 @@ def _unreduced_as_eager(loss_fn):
         a = bound.arguments
         reduction = (a["reduction"] if a["size_average"] is None and a["reduce"] is None else
                      torch.nn.functional._Reduction.legacy_get_string(a["size_average"], a["reduce"]))
-        return out.reshape(()) if reduction == "none" and a["input"].dim() <= 1 else out
+        return out.reshape(()) if reduction == "none" and a["target"].dim() == 0 else out
 
     return call
 
@@ -79,19 +80,23 @@ def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduc
     1.00), and gives one sample's unreduced loss the shape (1,)."""
     if size_average is not None or reduce is not None:
         reduction = torch.nn.functional._Reduction.legacy_get_string(size_average, reduce)
-    torch._check(input.dim() <= 2 and input.shape[-1:] != (0,), lambda: (
+    torch.nn.functional._Reduction.get_enum(reduction)  # (refuses an unknown one)
+    torch._check(input.dim() == 0 or (input.dim() <= 2 and input.shape[-1] != 0), lambda: (
         f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: "
         f"{input.shape}"))
-    torch._check(target.shape == input.shape, lambda: (
+    x = torch.atleast_2d(input)
+    torch._check(target.shape == input.shape if input.dim() == 2 else
+                 target.dim() <= 1 and target.numel() == x.shape[-1], lambda: (
         f"inconsistent target size: {target.shape} for input of size: {input.shape}"))
-    x, y = torch.atleast_2d(input), torch.atleast_2d(target)
+    y = target.reshape(x.shape)
     c = x.shape[-1]
     idx = torch.arange(c, device=y.device)
-    used = idx < torch.where(y == -1, idx, c).amin(-1, keepdim=True)  # slots before the -1
-    is_target = (idx == torch.where(used, y, -1).unsqueeze(-1)).any(1)   # (N, C)
-    picked = x.gather(-1, torch.where(used, y, 0))                      # x at each slot
+    used = idx < torch.where(y < 0, idx, c).amin(-1, keepdim=True)  # the slots before a -1
+    is_target = (idx == torch.where(used, y, -1).unsqueeze(-1)).any(1)  # (N, C)
+    picked = x.gather(-1, torch.where(used, y, 0))                     # x at each slot
     margins = (1 - picked.unsqueeze(-1) + x.unsqueeze(1)).clamp_min(0) / c  # (N, slot, C)
-    per = (margins * used.unsqueeze(-1) * ~is_target.unsqueeze(1)).sum((1, 2))
+    counted = used.unsqueeze(-1) & ~is_target.unsqueeze(1)
+    per = torch.where(counted, margins, 0).sum((1, 2))
     if reduction == "mean":
         return per.mean()
     if reduction == "sum":
@@ -101,8 +106,7 @@ def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduc
 
 # calls that must change before AOTAutograd sees them: the out= forms of _OUT_REWRITES,
 # every call of _REWRITES
-_OUT_REWRITES = {torch.native_batch_norm: _native_batch_norm,
-                 torch.ops.aten.native_batch_norm.out: _native_batch_norm}
+_OUT_REWRITES = {torch.native_batch_norm: _native_batch_norm}  # (out= a tuple of three)
 _REWRITES = {torch.nn.functional.multi_margin_loss:
              _unreduced_as_eager(torch.nn.functional.multi_margin_loss),
              torch.nn.functional.multilabel_margin_loss: _multilabel_margin_loss}

@@ -215,10 +215,10 @@ class TPUGraph:
     def _reset(self):
         self._recorder = None
         self._token = None
-        self._traced = None     # capture_end: (the program's body, example arguments)
+        self._example = None    # capture_end: the buffers read at capture, until compiled
         self._key = None        # capture_end: (graph key, the entries it names by id)
         self._compiled = None   # instantiate: its call (a direct PJRT call where it can)
-        self._body = None       # capture_end: (body builder, argument avals, graph key)
+        self._body = None       # capture_end: (body builder, argument avals); None: empty
         self._repeated = None   # replay_steps: the program running the region n times
         self._stages = None
         self._inputs = ()       # the storages read (or constants), in argument order
@@ -266,10 +266,14 @@ class TPUGraph:
         # each input: the storage replay reads, or a compiled graph's constant (its own)
         inputs = [owner.get(id(b), b) for b in ext]
         wiring, out_refs, dyn_slots, _, _ = fuse._decode(key)
+        # what the body needs of each node (not the node: it holds the buffers read at
+        # capture, which the graph must not keep alive)
+        shells = [_Shell(n.entry, n.dyns) for n in nodes]
+        n_ext = len(ext)
 
         def body():  # built on a program-cache miss only (generate captures per call)
-            fn = fuse._build(nodes, wiring, out_refs, dyn_slots, len(ext))
-            fn.__name__ = fn.__qualname__ = f"captured_{len(nodes)}ops"
+            fn = fuse._build(shells, wiring, out_refs, dyn_slots, n_ext)
+            fn.__name__ = fn.__qualname__ = f"captured_{len(shells)}ops"
             return fn
 
         self._rng = tuple((j, type(d) is _Seed, int(d) - self._base)
@@ -281,8 +285,8 @@ class TPUGraph:
         self._inputs, self._outputs = tuple(inputs), tuple(storages)
         self._sizes = tuple(x.nbytes() if isinstance(x, torch.UntypedStorage) else None
                             for x in inputs)
-        self._traced = (body, [*ext, *self._dyns])  # (jit made on a miss only: ~0.25 ms)
-        self._body = (body, [_aval(a) for a in self._traced[1]], key)
+        self._example = [*ext, *self._dyns]  # (for the direct call: jit made on a miss only)
+        self._body = (body, [_aval(a) for a in self._example])
         self._key = (key, [n.entry for n in nodes])
         # capture runs nothing: what the region wrote holds what it held before it (what
         # it made: zeros)
@@ -294,11 +298,13 @@ class TPUGraph:
 
     def instantiate(self) -> None:
         """Compile the captured program (capture_end does, unless keep_graph)."""
-        if self._traced is None:
-            if not self._captured:
-                raise CaptureError("TPUGraph.instantiate: nothing was captured")
-            return
-        (body, args), self._traced = self._traced, None
+        if not self._captured:
+            raise CaptureError("TPUGraph.instantiate: nothing was captured")
+        if self._compiled is not None or self._body is None:
+            return  # compiled already, or an empty region
+        body, avals = self._body
+        # the buffers read at capture make the direct call; once dropped, the avals
+        args, self._example = self._example or avals, None
         key, entries = self._key
         hit = _PROGRAMS.pop(key, None)
         if hit is None:
@@ -321,6 +327,8 @@ class TPUGraph:
     # ------------------------------------------------------------ replay
     def replay(self) -> None:
         if self._launchable():
+            if self._compiled is None:
+                self.instantiate()
             args, dyns = self._launch_args(1)
             results = self._compiled(*args, *dyns)
             _C.replace_buffers(list(self._outputs), None, results)
@@ -335,19 +343,17 @@ class TPUGraph:
             return
         if self._repeated is None:
             self._repeated = _repeated_program(self)
+            self._example = None  # (a later replay() compiles from the avals)
         args, dyns = self._launch_args(n)
         results = self._repeated(*args, *dyns, _runtime.scalar_to_device(n))
         _C.replace_buffers(list(self._outputs), None, results)
         metrics.count("graphs.replays", n)
 
     def _launchable(self) -> bool:
+        """Whether there is something to replay (False: an empty region)."""
         if not self._captured:
             raise CaptureError("TPUGraph.replay: nothing was captured")
-        if self._compiled is None and self._traced is None:
-            return False  # an empty region
-        if self._compiled is None:
-            self.instantiate()
-        return True
+        return self._body is not None
 
     def _launch_args(self, runs: int):
         """(input buffers, scalars) of the next `runs` replays; the generator moves past
@@ -403,9 +409,18 @@ class TPUGraph:
 
     def debug_dump(self, path: str) -> None:
         text = (self._stages.as_text() if self._stages is not None else
-                jax.jit(self._traced[0]()).lower(*self._traced[1]).as_text() if self._traced else "")
+                jax.jit(self._body[0]()).lower(*self._body[1]).as_text() if self._body else "")
         with open(path, "w") as f:
             f.write(text)
+
+
+class _Shell:
+    """What fuse._build reads of a node: its entry and its scalars."""
+
+    __slots__ = ("entry", "dyns")
+
+    def __init__(self, entry, dyns):
+        self.entry, self.dyns = entry, dyns
 
 
 def _aval(x):
@@ -423,7 +438,7 @@ def _repeated_program(g: TPUGraph):
     generator's offsets advance by the region's draws each run. Cached as the region's own
     program, by its graph key and which outputs feed which inputs (not in that key: a
     region writing what it reads and one writing elsewhere may share it)."""
-    body, avals, key = g._body
+    (body, avals), (key, entries) = g._body, g._key
     feeds = tuple(next((i for i, x in enumerate(g._inputs) if x is st), None) for st in g._outputs)
     draws = g._draws
     cache_key = (key, "repeated", feeds, draws)
@@ -453,13 +468,14 @@ def _repeated_program(g: TPUGraph):
             return list(jax.lax.fori_loop(0, n, run, first))
 
         n_aval = jax.ShapeDtypeStruct((), _runtime.scalar_to_device(1).dtype)
-        hit = jax.jit(repeated).lower(*avals, n_aval).compile()
+        # (with the entries, as the region's own program: the key names them by id)
+        hit = (jax.jit(repeated).lower(*avals, n_aval).compile(), entries)
         metrics.compile_seconds[0] += time.perf_counter() - t0
         metrics.count("graphs.compiled")
         while len(_PROGRAMS) >= _PROGRAMS_MAX:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))
     _PROGRAMS[cache_key] = hit
-    return hit
+    return hit[0]
 
 
 def is_current_stream_capturing() -> bool:
