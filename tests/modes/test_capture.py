@@ -7,6 +7,7 @@ strings changed, equals the same script run eagerly on CPU and on tpu, in both e
 modes, dropout included (replay draws as eager draws). Then what replay must not do
 (compile, read back, flush), counted; then what capture cannot hold, each a CaptureError
 naming the user's line, after which the process and the tensors are as before."""
+import gc
 import pathlib
 
 import pytest
@@ -144,6 +145,34 @@ def test_replay_steps_runs_n_replays_in_one_launch(eager):
         torch.testing.assert_close(a, c, rtol=0, atol=0)
     assert one_by_one[1] == looped[1] == again[1]  # the generator past the same draws
     assert grew["graphs.replays"] == 5 and not grew["graphs.compiled"], grew
+
+
+@pytest.mark.parametrize("launch", ["replay", "replay_steps"])
+def test_a_graph_keeps_no_buffer_of_the_capture_time(eager, launch):
+    """After replays, the buffers the region read at capture (the old values of what it
+    updates) are gone: the graph holds its program, not them."""
+    import jax
+
+    def live():  # every XLA buffer alive in the process, owned by a tensor or not
+        return sum(a.nbytes for a in jax.live_arrays())
+
+    w = torch.zeros(1 << 20, device="tpu")  # 4 MiB, updated in place by the region
+
+    def step():
+        w.add_(1)
+
+    step()
+    torch.tpu.synchronize()
+    before = live()
+    g = torch.tpu.TPUGraph(keep_graph=launch == "replay_steps")
+    with torch.tpu.graph(g):
+        step()
+    for _ in range(2):
+        g.replay() if launch == "replay" else g.replay_steps(3)
+    torch.tpu.synchronize()
+    gc.collect()
+    assert live() - before < (1 << 20)
+    assert w[0].item() == (3 if launch == "replay" else 7)
 
 
 def test_capture_runs_nothing_until_replay(eager):

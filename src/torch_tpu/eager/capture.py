@@ -384,6 +384,7 @@ class TPUGraph:
         rec, self._recorder = self._recorder, None
         _CAPTURING.remove(self)
         current.leave(self._token)
+        self._token = None  # (it holds the recorder, and so the buffers read at capture)
         gen = _rng.default_generator()
         self._draws = gen.get_offset() - self._base
         gen.set_offset(self._base)  # capture draws nothing: each replay does
