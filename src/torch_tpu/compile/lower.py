@@ -500,7 +500,7 @@ def _cast_like(out, meta):
         return out
     if isinstance(meta, (list, tuple)) and isinstance(out, (list, tuple)):
         cast = [_cast_like(o, m) for o, m in zip(out, meta)]
-        # (a lowering's named tuple, torch.return_types or jax's SVDResult: built by field)
+        # (a named tuple, jax's SVDResult: built by field; torch.return_types from a list)
         return type(out)._make(cast) if hasattr(out, "_fields") else type(out)(cast)
     return out
 
