@@ -449,6 +449,8 @@ def _repeated_program(g: TPUGraph):
         n_ext = len(g._inputs)
         offsets = [j for j, is_seed, _ in g._rng if not is_seed]
         fn = body()
+        # each output is its storage's flat buffer (known: no trace to learn the shapes)
+        flat = [getattr(st, _ATTR)[1:] for st in g._outputs]
 
         def repeated(*args):
             ext, dyns, n = args[:n_ext], args[n_ext:-1], args[-1]
@@ -463,9 +465,8 @@ def _repeated_program(g: TPUGraph):
                     d[j] = d[j] + (i * draws).astype(d[j].dtype)
                 return tuple(fn(*e, *d))
 
-            shapes = jax.eval_shape(lambda *a: tuple(fn(*a)), *ext, *dyns)
-            first = tuple(ext[i_in] if i_in is not None else jax.numpy.zeros(x.shape, x.dtype)
-                          for x, i_in in zip(shapes, feeds))
+            first = tuple(ext[i_in] if i_in is not None else jax.numpy.zeros((n_el,), jdt)
+                          for (n_el, jdt), i_in in zip(flat, feeds))
             return list(jax.lax.fori_loop(0, n, run, first))
 
         n_aval = jax.ShapeDtypeStruct((), _runtime.scalar_to_device(1).dtype)
