@@ -31,9 +31,10 @@ program, in Strict and DeferAndFuse (not in Debug, whose point is op by op). Its
 device buffers the step updates itself: the last token, its position ids, the column
 written (data, so every replay writes the next one), the unfinished rows, the first length
 at which every row had finished. So one launch runs _STEPS tokens (TPUGraph.replay_steps,
-a device loop over the step), and the host reads that length once a launch. The region is recorded again at each call, so it always is what the
-Python code does now (adapters switched, a new model); the program of an equal region is
-reused (capture's program cache). The step captured holds only what a replay repeats
+a device loop over the step), and the host reads that length once a launch. The region
+is recorded again at each call, so it always is what the Python code does now (adapters
+switched, a new model); the program of an equal region is reused (capture's program
+cache). The step captured holds only what a replay repeats
 exactly: the logits warpers that read the scores alone (`_WARPERS`), and the EOS stopping
 criterion (max length and max time are checked on the host between launches). Other
 processors or criteria, scores or logits returned, a streamer, or a region capture refuses
@@ -363,7 +364,6 @@ class _CapturedStep:
         pos = grown.get("position_ids")
         self.pos = None if pos is None else pos[..., length - 1:length].clone()
         self.unfinished = unfinished.clone()
-        self.done = torch.zeros((), dtype=torch.bool, device=dev) if self.eos else None
         # the first length after which every row had finished (_NEVER: none yet)
         self.stop_at = torch.full((1,), _NEVER, dtype=torch.long, device=dev) if self.eos else None
         # keep_graph: the one-step program is never compiled, replay_steps' loop is
@@ -406,8 +406,8 @@ class _CapturedStep:
         for crit in self.eos:
             self.unfinished.mul_(~crit(tokens[:, None], None))
         if self.eos:
-            self.done.copy_(self.unfinished.max() == 0)
-            self.stop_at.copy_(torch.where(self.done, torch.minimum(self.stop_at, self.col),
+            done = self.unfinished.max() == 0
+            self.stop_at.copy_(torch.where(done, torch.minimum(self.stop_at, self.col),
                                            self.stop_at))
 
     def run(self, length: int, max_length: int, unread):

@@ -53,24 +53,22 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
     return out
 
 
-def _unreduced_as_eager(loss_fn):
-    """multi_margin_loss with a 0-dim target's unreduced loss 0-dim, as eager gives it:
+def _reduction(size_average, reduce, reduction) -> str:
+    """A loss's reduction, the legacy arguments' when given (as torch.nn.functional)."""
+    if size_average is not None or reduce is not None:
+        return torch.nn.functional._Reduction.legacy_get_string(size_average, reduce)
+    return reduction
+
+
+def _multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None,
+                       reduce=None, reduction="mean"):
+    """F.multi_margin_loss with a 0-dim target's unreduced loss 0-dim, as eager gives it:
     torch's meta kernel, which dynamo traces with, makes it (1,) on every backend
     (inductor on CUDA too)."""
-    import inspect
-
-    signature = inspect.signature(loss_fn)
-
-    def call(*args, **kwargs):
-        out = loss_fn(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
-        reduction = (a["reduction"] if a["size_average"] is None and a["reduce"] is None else
-                     torch.nn.functional._Reduction.legacy_get_string(a["size_average"], a["reduce"]))
-        return out.reshape(()) if reduction == "none" and a["target"].dim() == 0 else out
-
-    return call
+    out = torch.nn.functional.multi_margin_loss(input, target, p, margin, weight, size_average,
+                                                reduce, reduction)
+    none = _reduction(size_average, reduce, reduction) == "none"
+    return out.reshape(()) if none and target.dim() == 0 else out
 
 
 def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
@@ -78,8 +76,7 @@ def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduc
     decomposition, which tracing applies at the Autograd key on every backend, counts the
     target slots after the first -1 as class 0 (CPU under aot_eager: 1.60 for eager's
     1.00), and gives one sample's unreduced loss the shape (1,)."""
-    if size_average is not None or reduce is not None:
-        reduction = torch.nn.functional._Reduction.legacy_get_string(size_average, reduce)
+    reduction = _reduction(size_average, reduce, reduction)
     torch.nn.functional._Reduction.get_enum(reduction)  # (refuses an unknown one)
     torch._check(input.dim() == 0 or (input.dim() <= 2 and input.shape[-1] != 0), lambda: (
         f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: "
@@ -107,8 +104,7 @@ def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduc
 # calls that must change before AOTAutograd sees them: the out= forms of _OUT_REWRITES,
 # every call of _REWRITES
 _OUT_REWRITES = {torch.native_batch_norm: _native_batch_norm}  # (out= a tuple of three)
-_REWRITES = {torch.nn.functional.multi_margin_loss:
-             _unreduced_as_eager(torch.nn.functional.multi_margin_loss),
+_REWRITES = {torch.nn.functional.multi_margin_loss: _multi_margin_loss,
              torch.nn.functional.multilabel_margin_loss: _multilabel_margin_loss}
 
 
@@ -118,7 +114,9 @@ def apply(gm) -> None:
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        new = _REWRITES.get(node.target) or ("out" in node.kwargs and _OUT_REWRITES.get(node.target))
+        new = _REWRITES.get(node.target)
+        if new is None and "out" in node.kwargs:
+            new = _OUT_REWRITES.get(node.target)
         if new:
             node.target = new
             changed = True

@@ -306,23 +306,16 @@ class TPUGraph:
         # the buffers read at capture make the direct call; once dropped, the avals
         args, self._example = self._example or avals, None
         key, entries = self._key
-        hit = _PROGRAMS.pop(key, None)
-        if hit is None:
-            t0 = time.perf_counter()
+
+        def make():
             jitted = jax.jit(body())
             compiled = jitted.lower(*args).compile()
             # the direct call: ~0.1 ms less per replay of a 31-input decode step (0.32 ->
             # ~0.2 ms)
             direct = _runtime.direct_call(jitted, args, PROFILING)
-            hit = (compiled if direct is jitted else direct, compiled, entries)
-            metrics.compile_seconds[0] += time.perf_counter() - t0
-            metrics.count("graphs.compiled")
-            while len(_PROGRAMS) >= _PROGRAMS_MAX:
-                _PROGRAMS.pop(next(iter(_PROGRAMS)))
-        else:
-            metrics.count("graphs.cache_hits")
-        _PROGRAMS[key] = hit  # (most recent last)
-        self._compiled, self._stages = hit[0], hit[1]  # (_stages: debug_dump)
+            return compiled if direct is jitted else direct, compiled, entries
+
+        self._compiled, self._stages, _ = _program(key, make)  # (_stages: debug_dump)
 
     # ------------------------------------------------------------ replay
     def replay(self) -> None:
@@ -442,10 +435,8 @@ def _repeated_program(g: TPUGraph):
     (body, avals), (key, entries) = g._body, g._key
     feeds = tuple(next((i for i, x in enumerate(g._inputs) if x is st), None) for st in g._outputs)
     draws = g._draws
-    cache_key = (key, "repeated", feeds, draws)
-    hit = _PROGRAMS.pop(cache_key, None)
-    if hit is None:
-        t0 = time.perf_counter()
+
+    def make():
         n_ext = len(g._inputs)
         offsets = [j for j, is_seed, _ in g._rng if not is_seed]
         fn = body()
@@ -471,13 +462,26 @@ def _repeated_program(g: TPUGraph):
 
         n_aval = jax.ShapeDtypeStruct((), _runtime.scalar_to_device(1).dtype)
         # (with the entries, as the region's own program: the key names them by id)
-        hit = (jax.jit(repeated).lower(*avals, n_aval).compile(), entries)
+        return jax.jit(repeated).lower(*avals, n_aval).compile(), entries
+
+    return _program((key, "repeated", feeds, draws), make)[0]
+
+
+def _program(key, make):
+    """`_PROGRAMS[key]`, made by `make()` on a miss (counted, its compile time too); the
+    entry becomes the most recent, and the oldest goes past _PROGRAMS_MAX."""
+    hit = _PROGRAMS.pop(key, None)
+    if hit is None:
+        t0 = time.perf_counter()
+        hit = make()
         metrics.compile_seconds[0] += time.perf_counter() - t0
         metrics.count("graphs.compiled")
         while len(_PROGRAMS) >= _PROGRAMS_MAX:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))
-    _PROGRAMS[cache_key] = hit
-    return hit[0]
+    else:
+        metrics.count("graphs.cache_hits")
+    _PROGRAMS[key] = hit
+    return hit
 
 
 def is_current_stream_capturing() -> bool:

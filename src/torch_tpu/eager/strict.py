@@ -110,8 +110,8 @@ class StrictExecutor:
         to XLA, which writes the part in place, instead of a new buffer of the whole's size
         (XLA's buffers are immutable). TRL's chunked log-prob writes a (tokens, 16) corner
         of a (tokens, 32768) `torch.empty` so, three times a GRPO step: 23 MB made anew
-        each time, ~4.8 ms a write on XLA:CPU (in place: 0.25 ms). Its program is the op's, keyed apart
-        (op_entry's `donate`). False: not such a call (it runs as any op). DebugExecutor:
+        each time, ~4.8 ms a write on XLA:CPU (in place: 0.25 ms). Its program is the
+        op's, keyed apart (op_entry's `donate`). False: not such a call (it runs as any op). DebugExecutor:
         None (every op keeps its checks)."""
         st = dst.untyped_storage()
         if (st.nbytes() < IN_PLACE_MIN_BYTES or src.untyped_storage() is st

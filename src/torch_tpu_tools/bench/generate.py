@@ -34,6 +34,7 @@ from ..workloads import decoder
 from . import common, scaling
 
 SPEC = decoder.DecoderSpec(pad=0, gen_batch=1)
+PROMPT = decoder.prompt_ids(SPEC)
 SHORT, LONG = 16, 80
 # name -> (eager mode, generate captures its decode step, compile backend); None: jax.jit
 TPU = {"Strict": ("strict", True, None), "DeferAndFuse": ("defer_and_fuse", True, None),
@@ -76,7 +77,7 @@ class _Torch:
     def __call__(self, new_tokens: int) -> torch.Tensor:
         self.runner.kw["max_new_tokens"] = new_tokens
         with _captured(self.captured):
-            return self.runner.step(decoder.prompt_ids(SPEC))
+            return self.runner.step(PROMPT)
 
 
 class _Jax:
@@ -84,7 +85,7 @@ class _Jax:
         self.runners = {n: scaling.JaxGenRunner(base, n) for n in (SHORT, LONG)}
 
     def __call__(self, new_tokens: int) -> torch.Tensor:
-        return self.runners[new_tokens].step(decoder.prompt_ids(SPEC))
+        return self.runners[new_tokens].step(PROMPT)
 
 
 def _counters() -> dict:
