@@ -135,6 +135,11 @@ _DECLARED = [
             "(csrc/scan.cpp), DeferAndFuse recording with no Python frame (csrc/kernel.cpp), and "
             "compiled programs called through PJRT without jax.jit's dispatch (csrc/direct.cpp); "
             "0: every op goes through the Python reference (slower; for tests that compare both)"),
+    Setting("TORCH_TPU_CPU_ATEN_KERNELS", "bool", True, IMPORT,
+            "on the CPU platform only: bfloat16 matrix products inside XLA programs run "
+            "ATen's CPU kernel (oneDNN) as an XLA custom call instead of XLA:CPU's own, "
+            "~10x slower one (_cpu_kernels.py); 0: XLA:CPU's kernels everywhere. No effect on "
+            "TPU or GPU"),
     Setting("TORCH_TPU_JAX_TRACEBACKS", "bool", False, IMPORT,
             "jaxlib's record of the Python stack at every executable call and traced "
             "equation (a result array's `traceback`, MLIR source locations): off, as torch_tpu "

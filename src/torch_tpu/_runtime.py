@@ -32,8 +32,9 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from . import _C, _config, _jax_internals, metrics  # noqa: E402
+from . import _C, _config, _cpu_kernels, _jax_internals, metrics  # noqa: E402
 
+_cpu_kernels.install()  # (XLA:CPU's bf16 dot is ~10x slower than ATen's)
 _jax_internals.reuse_ir_contexts()  # (each program's lowering would make its own)
 _jax_internals.set_tracebacks(_config.get("TORCH_TPU_JAX_TRACEBACKS"))  # (~2 µs an op)
 

@@ -425,6 +425,7 @@ void add_graph_functions(PyObject* module);  // graph.cpp: DeferAndFuse's Node, 
 void add_kernel_functions(PyObject* module);  // kernel.cpp: OpKernel, LoopDetector
 void add_direct_functions(PyObject* module);  // direct.cpp: DirectCall
 void add_graph_impl(py::module_& m);  // graphs.cpp: torch.accelerator.Graph's tpu implementation
+void add_cpu_kernel_functions(py::module_& m);  // cpu_kernels.cpp: ATen kernels in XLA:CPU programs
 
 }  // namespace torch_tpu
 
@@ -441,6 +442,7 @@ PYBIND11_MODULE(_C, m) {
   torch_tpu::add_dispatch_functions(m.ptr());
   torch_tpu::add_memory_functions(m.ptr());  // memory.cpp
   torch_tpu::add_graph_impl(m);
+  torch_tpu::add_cpu_kernel_functions(m);
   m.attr("NATIVE_KERNELS") = py::tuple(py::cast(std::vector<std::string>(
       torch_tpu::native_kernels().begin(), torch_tpu::native_kernels().end())));
   m.def("default_generator", []() {

@@ -16,6 +16,8 @@ softmax(q @ k^T * scale + mask) @ v, with
 Both directions work a block pair at a time, FlashAttention's way (`_Problem`): the forward
 keeps a running max and sum per query row, the backward recomputes each block's
 probabilities from the saved logsumexp, so no L x S matrix is ever whole (`_Problem`).
+On the CPU platform, attention without a mask runs ATen's CPU flash-attention kernels
+instead (_cpu_kernels.py), as CPU torch does.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+from .. import _cpu_kernels
 from .. import _precision as precision
 from ._dtypes import to_opmath
 from .registry import aten, lowering, never_draws
@@ -224,8 +227,11 @@ def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=Fa
                   return_debug_mask=False, *, scale=None):
     if dropout_p > 0:  # sdp_choice keeps dropout on the math path
         raise NotImplementedError("tpu's fused attention has no dropout")
-    prec = precision.for_matmul(query.dtype)
-    out, lse = _Problem(query, key, value, attn_bias, is_causal, scale, prec).forward()
+    if _cpu_kernels.attention_qualifies(query, key, value, attn_bias, scale):
+        out, lse = _cpu_kernels.attention(query, key, value, is_causal, scale)
+    else:
+        prec = precision.for_matmul(query.dtype)
+        out, lse = _Problem(query, key, value, attn_bias, is_causal, scale, prec).forward()
     zero = jnp.zeros((), jnp.int64)  # philox seed and offset: no randomness here
     # one value per schema return; None where torch's meta gives no tensor (the cumulative
     # sequence lengths and debug mask of nested inputs) or a size (max_q, max_k: the
@@ -240,6 +246,9 @@ def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=Fa
 def _sdpa_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp,
                    cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,
                    philox_offset, *, scale=None):
+    if _cpu_kernels.attention_qualifies(query, key, value, attn_bias, scale):
+        return _cpu_kernels.attention_backward(grad_out, query, key, value, out, logsumexp,
+                                               is_causal, scale)
     problem = _Problem(query, key, value, attn_bias, is_causal, scale,
                        precision.for_matmul(query.dtype))
     bias_grad = len(grad_input_mask) > 3 and grad_input_mask[3]

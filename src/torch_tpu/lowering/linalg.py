@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .. import _cpu_kernels
 from .. import _precision as precision
 from ._dtypes import (
     cast_operands,
@@ -98,6 +99,8 @@ def _scaled_add(self, product, beta, alpha):
 @precision.sensitive
 def _mm(self, other):
     _check_product(self, other)
+    if _cpu_kernels.wants_rounded_product(self.dtype):  # the same rounding, ATen's kernel
+        return jnp.matmul(self, other, preferred_element_type=self.dtype)
     return _matmul(self, other)
 
 
