@@ -1,7 +1,14 @@
 """Fused attention computed a block pair at a time (lowering/attention.py): lengths that span
 several query and key blocks, ragged last blocks, causal with more or fewer queries than
 keys, bool masks with fully masked rows, float masks with -inf and their gradient,
-grouped-query heads and bfloat16, forward and backward against CPU's SDPA, in each mode."""
+grouped-query heads and bfloat16, forward and backward against CPU's SDPA, in each mode.
+On the CPU platform the unmasked cases run ATen's flash kernels (_cpu_kernels.py); the
+blocked lowering, which TPU and GPU run, is the one these cases check with
+TORCH_TPU_CPU_ATEN_KERNELS=0 (`test_blocked_lowering_without_aten_kernels` reruns them)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -57,3 +64,15 @@ def test_blocked_attention_matches_cpu(eager, name):
     for g, w in zip(got, want):
         assert not g.float().isnan().any()
         torch.testing.assert_close(g.float(), w.float(), **tol)
+
+
+@pytest.mark.slow
+def test_blocked_lowering_without_aten_kernels():
+    env = {**os.environ, "TORCH_TPU_CPU_ATEN_KERNELS": "0"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+           f"{__file__}::test_blocked_attention_matches_cpu"]
+    proc = subprocess.run(cmd,
+                          env=env, capture_output=True, text=True, timeout=900, check=False,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-2000:]
