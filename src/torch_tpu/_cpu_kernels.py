@@ -67,7 +67,7 @@ def attention_qualifies(query, key, value, attn_bias, scale) -> bool:
             and query.dtype == key.dtype == value.dtype and query.dtype in ATTENTION_DTYPES
             and query.ndim == key.ndim == value.ndim == 4 and query.shape[1] == key.shape[1]
             and query.shape[-1] == key.shape[-1] == value.shape[-1]
-            and query.shape[2] > 0 and key.shape[2] > 0
+            and query.size > 0 and key.size > 0
             and (scale is None or isinstance(scale, (int, float))))
 
 
