@@ -207,7 +207,9 @@ def test_backends_switches_and_the_precision_block(tmp_path):
     (graph,) = f["deferred"].values()
     assert sorted(graph) == ["HIGH", "HIGHEST"], f["deferred"]  # each op keeps its own
     assert f["deferred again"] == {}, f
-    assert set(f["bf16"]["aten.mm.default"]) == {"DEFAULT"}, f["bf16"]
+    # 16-bit operands carry no precision attribute; on XLA:CPU the product is ATen's kernel,
+    # a custom call with no dot at all (_cpu_kernels.py)
+    assert set(f["bf16"]["aten.mm.default"]) <= {"DEFAULT"}, f["bf16"]
 
 
 # ---------------------------------------------------------------- every lowering marked
