@@ -7,13 +7,16 @@ figures). `install` wraps jax's XLA:CPU lowering of `dot_general`: a dot whose o
 and result are all bfloat16 lowers to an XLA FFI custom call that runs ATen's mm/bmm on
 XLA's own buffers; every other dot keeps XLA's kernel. It works below every mode and
 jax transform (vjp, vmap, scan all run before lowering): Strict's per-op programs,
-DeferAndFuse's graphs, captured steps and torch.compile's programs alike. Lowerings that
-want a rounded low-precision product (lowering/linalg.py `_matmul`) ask for a bfloat16
-result, which is the same arithmetic as float32 accumulation rounded once.
+DeferAndFuse's graphs, captured steps and torch.compile's programs alike. Products that
+are rounded to bfloat16 anyway (lowering/linalg.py `_mm`: mm, bmm, mv, dot) ask for a
+bfloat16 result, which is the same arithmetic as float32 accumulation rounded once.
+Unmasked fused attention (lowering/attention.py) calls ATen's CPU flash-attention
+kernels the same way, forward and backward, so its values are CPU torch's to the bit.
 
-Only the CPU platform's lowering changes; TPU and GPU programs never see the custom call.
-Counted per lowered dot as `cpu_kernels.dot` (once per program that has it, at its
-lowering). `TORCH_TPU_CPU_ATEN_KERNELS=0` keeps XLA:CPU's kernels everywhere.
+Only the CPU platform's lowering changes; TPU and GPU programs never see a custom call.
+Counted as `cpu_kernels.dot`, `.attention` and `.attention_backward`, each time a program
+that has one is lowered (a program traced twice counts twice).
+`TORCH_TPU_CPU_ATEN_KERNELS=0` keeps XLA:CPU's kernels everywhere.
 """
 from __future__ import annotations
 

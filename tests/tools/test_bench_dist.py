@@ -1,6 +1,7 @@
 """`python -m torch_tpu bench dist`: FSDP2 and TP Llama steps under torchrun, tpu_dist
 (Strict, DeferAndFuse) against gloo, at 2 processes and a tiny sequence, run as a user
-runs it: every row measured, the loss curves agreeing."""
+runs it: every row measured, the loss curves agreeing; and the collectives' bandwidth
+sweep, every op at every size with its verdicts."""
 from __future__ import annotations
 
 import os
@@ -37,3 +38,8 @@ def test_cli_two_processes_fsdp_and_tp():
         assert float(row[5]) < 1e-3, row  # the same losses as gloo, step by step
         assert re.fullmatch(r"\d+", row[6]), row  # programs compiled while measured
         assert "met" in row[7], row
+    sizes = ["4 KB", "64 KB", "1 MB", "4 MB", "16 MB", "64 MB"]
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):  # the bandwidth sweep
+        found = [ln.split("|")[2].strip() for ln in r.stdout.splitlines() if ln.startswith(f"| `{op}`")]
+        assert found == sizes, (op, r.stdout[-3000:])
+    assert re.search(r"all_reduce 4 MB: \d+\.\d\d× \(≥ 1\.0× gloo at 4 MB\)", r.stdout), r.stdout

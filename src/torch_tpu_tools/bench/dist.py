@@ -1,7 +1,8 @@
 """`python -m torch_tpu bench dist`: FSDP2 and tensor-parallel training steps of a small HF
 Llama (torchtitan's debug dimensions: width 256, 6 layers, 16 heads, vocab 2048) on
 tpu_dist, Strict and DeferAndFuse, against the same script on CPU with gloo, at 1, 2 and 4
-processes.
+processes; then all_reduce, all_gather and reduce_scatter bandwidth at 2 processes from
+4 KB to 64 MB (bench collectives' measurement, its own processes), with a plot.
 
 Every (workload, processes, backend) is its own torchrun job, so the CPU baseline runs in
 its own processes (DESIGN.md) and each process has one torch thread. The script:
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from . import common
+from . import collectives, common
 from ..workloads import decoder
 
 WARMUP = 3         # steps left out of the median: compiles, AdamW's state, the fused graph
@@ -33,6 +34,10 @@ TARGET = 1.3       # tpu / gloo step time at 2 processes (issue 32)
 BACKENDS = {"gloo": ("cpu", None), "strict": ("tpu", "strict"),
             "defer_and_fuse": ("tpu", "defer_and_fuse")}
 LABEL = {"gloo": "gloo (CPU)", "strict": "tpu Strict", "defer_and_fuse": "tpu DeferAndFuse"}
+# issue 32's collective targets: tpu_dist / gloo bandwidth at 4 MB, 2 processes
+BANDWIDTH_TARGETS = {op: (1.0, lambda b: b == 4 << 20, "≥ 1.0× gloo at 4 MB")
+                     for op in ("all_reduce", "reduce_scatter")}
+BANDWIDTH_SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 
 
 def add_arguments(p) -> None:
@@ -44,7 +49,9 @@ def add_arguments(p) -> None:
                    "unmeasured (default %(default)s)")
     p.add_argument("--seq", type=int, default=512, help="tokens per sequence, batch 4 (default %(default)s)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per torchrun job (default %(default)s)")
-    common.add_output_arguments(p, "PERFORMANCE.md and bench_dist.png")
+    p.add_argument("--no-bandwidth", action="store_true",
+                   help="leave out the collectives' bandwidth sweep (2 processes, 4 KB to 64 MB)")
+    common.add_output_arguments(p, "PERFORMANCE.md, bench_dist.png and bench_dist_bandwidth.png")
 
 
 # ---------------------------------------------------------------- the worker (one rank)
@@ -211,6 +218,7 @@ def main(args) -> int:
             results[(w, n, b)] = _job(w, n, b, args.steps, args.seq, args.timeout)
             bar.update(1)
     table, errors = _table(results, workloads, nprocs, modes)
+    bandwidth = None if args.no_bandwidth else collectives.measure(2, list(BANDWIDTH_SIZES), 9)
     measured = max(1, args.steps - WARMUP)
     body = (f"Llama at torchtitan's debug dimensions (width 256, intermediate 768, 6 layers, "
             f"16 heads, vocab 2048, sdpa, fp32), AdamW; batch 4 x {args.seq} tokens per rank "
@@ -224,12 +232,21 @@ def main(args) -> int:
             f"state). 4 processes on {os.cpu_count()} cores are oversubscribed. Load average "
             f"(1, 5, 15 min) at the start: {load}; wall time {(time.time() - t0) / 60:.1f} min."
             "\n\n" + table + "\n\n![step time vs processes](bench_dist.png)")
+    charts = {"bench_dist.png": lambda p: _plot(results, workloads, nprocs, modes, p)}
+    if bandwidth:
+        bw_table, verdicts = collectives.table(bandwidth, BANDWIDTH_TARGETS)
+        body += ("\n\nCollectives on 2 processes (`bench collectives`' method: median of 9 "
+                 "interleaved rounds, bus bandwidth as in nccl-tests, ratios tpu_dist / gloo, "
+                 "higher is better):\n\n" + bw_table + "\n\nTargets (issue 32):\n"
+                 + "\n".join(f"- {v}" for v in verdicts)
+                 + "\n\n![bandwidth vs size](bench_dist_bandwidth.png)")
+        charts["bench_dist_bandwidth.png"] = lambda p: collectives.plot_bandwidth(bandwidth, p)
     if errors:
         body += "\n\nErrors:\n" + "\n".join(f"- {e}".replace("|", "\\|") for e in errors)
     print(body)
     if not args.no_write:
         common.publish(args.out, "dist", "Distributed training: FSDP2 and TP, tpu_dist vs gloo",
-                       body, {"bench_dist.png": lambda p: _plot(results, workloads, nprocs, modes, p)})
+                       body, charts)
     return 1 if errors else 0
 
 
