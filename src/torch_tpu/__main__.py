@@ -14,30 +14,44 @@ import sys
 
 # ---------------------------------------------------------------- info
 def info_lines() -> list[tuple[str, str]]:
+    """The versions, then the binding this environment gets (_binding.py: decided without
+    starting anything, so a launch can be checked first), then the device it started."""
     import jax
     import jaxlib
     import torch
 
     import torch_tpu
-    from torch_tpu import _runtime
+    from torch_tpu import _binding, _runtime
     from torch_tpu import lowering
 
-    d = _runtime.device()
-    mode = torch_tpu.get_eager_mode().value
-    fallback = torch_tpu._dispatch._cpu_fallback[0]
-    return [
+    lines = [
         ("torch_tpu", getattr(torch_tpu, "__version__", _dist_version("torch_tpu"))),
         ("torch", torch.__version__),
         ("jax", jax.__version__),
         ("jaxlib", jaxlib.__version__),
+    ]
+    try:
+        lines += _binding.current().describe()
+        d = _runtime.device()
+    except _binding.BindingError as e:
+        return lines + [("device", f"did not start: {e}")]
+    props = torch.tpu.get_device_properties()
+    fallback = torch_tpu._dispatch._cpu_fallback[0]
+    return lines + [
         ("PJRT platform", d.platform),
         ("device kind", d.device_kind),
-        ("devices", ", ".join(str(x) for x in jax.local_devices(backend=d.platform))),
-        ("torch device", f"{torch.device('tpu', 0)} (device_count={torch.tpu.device_count()})"),
-        ("eager mode", mode),
+        ("this process's device", f"{d} (id {d.id}{_coords(props)})"),
+        ("local devices", ", ".join(str(x) for x in jax.local_devices(backend=d.platform))),
+        ("torch device", f"{torch.device('tpu', torch.tpu.current_device())} "
+                         f"(device_count={torch.tpu.device_count()})"),
+        ("eager mode", torch_tpu.get_eager_mode().value),
         ("CPU fallback", "on" if fallback else "off"),
         ("lowerings", str(len(lowering.LOWERINGS))),
     ]
+
+
+def _coords(props) -> str:
+    return f", chip coordinates {tuple(props.coords)}" if props.coords is not None else ""
 
 
 def _dist_version(name: str) -> str:

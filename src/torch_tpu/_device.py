@@ -103,14 +103,21 @@ def get_device_name(device=None) -> str:
 
 class _Properties(types.SimpleNamespace):
     def __repr__(self):
+        where = f", coords={tuple(self.coords)}" if self.coords is not None else ""
         return (f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
-                f"device_kind='{self.device_kind}', total_memory={self.total_memory // 2**20}MB)")
+                f"device_kind='{self.device_kind}', device_id={self.device_id}{where}, "
+                f"total_memory={self.total_memory // 2**20}MB)")
 
 
 def get_device_properties(device=None):
+    """torch's properties, and the runtime device behind the index: its platform, PJRT
+    device id, process, and the chip's coordinates and core where the platform has them
+    (TPU)."""
     d = _runtime.device()
     return _Properties(name=get_device_name(), platform=d.platform, device_kind=d.device_kind,
-                       total_memory=_memory.capacity(), id=d.id)
+                       total_memory=_memory.capacity(), id=d.id, device_id=d.id,
+                       process_index=d.process_index, coords=getattr(d, "coords", None),
+                       core_on_chip=getattr(d, "core_on_chip", None))
 
 
 def get_device_capability(device=None):

@@ -34,6 +34,11 @@ inside a function (at setup, at the backend's start) are still imported only whe
   - `backends_are_initialized()` (jax._src.xla_bridge). distributed/_bootstrap: whether
     the backend has started, without starting it (jax.devices() and
     jax.extend.backend.backends() start it), as jax.distributed.initialize must come first.
+  - `tpu_chips()`, `has_nvidia_gpu()` (jax._src.hardware_utils) and `backend_errors()`
+    (jax._src.xla_bridge._backend_errors). _binding: the host's chips before any runtime
+    starts, and why an accelerator's runtime failed when JAX fell back to the CPU.
+  - `kv_store()` (jax._src.distributed.global_state.client). distributed/collectives:
+    each process publishes which of its local devices it drives, for the others' meshes.
   - `gloo_cpu_client(hostname)` (jaxlib _jax.make_gloo_tcp_collectives,
     jax._src.distributed.global_state.client, jax._src.xla_bridge.make_cpu_client).
     distributed/_bootstrap._use_gloo_on: XLA:CPU's gloo collectives listening on a chosen
@@ -129,6 +134,40 @@ def backends_are_initialized() -> bool:
     from jax._src import xla_bridge
 
     return xla_bridge.backends_are_initialized()
+
+
+def tpu_chips() -> tuple:
+    """(TPU chips on this host's PCI bus, their generation's name or None), by jax's probe
+    (jax._src.hardware_utils), without starting any runtime."""
+    from jax._src import hardware_utils
+
+    count, version = hardware_utils.num_available_tpu_chips_and_device_id()
+    return count, (version.name if version is not None else None)
+
+
+def has_nvidia_gpu() -> bool:
+    from jax._src import hardware_utils
+
+    return hardware_utils.has_visible_nvidia_gpu()
+
+
+def backend_errors() -> dict:
+    """platform -> why its backend failed to start (jax._src.xla_bridge._backend_errors:
+    JAX falls back to another platform with only a log line)."""
+    from jax._src import xla_bridge
+
+    return dict(xla_bridge._backend_errors)
+
+
+def kv_store():
+    """JAX's distributed client (jax._src.distributed.global_state.client): its key-value
+    store (key_value_set, blocking_key_value_get) reaches every process of the job."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("JAX's distributed runtime is not initialized")
+    return client
 
 
 def gloo_cpu_client(hostname: str):

@@ -32,7 +32,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from . import _C, _config, _cpu_kernels, _jax_internals, metrics  # noqa: E402
+from . import _C, _binding, _config, _cpu_kernels, _jax_internals, metrics  # noqa: E402
 
 _cpu_kernels.install()  # (XLA:CPU's bf16 dot is ~10x slower than ATen's)
 _jax_internals.reuse_ir_contexts()  # (each program's lowering would make its own)
@@ -103,35 +103,26 @@ def before_backend(fn) -> None:
     _BEFORE_BACKEND.append(fn)
 
 
-def _share_host_cores() -> None:
-    """Size XLA:CPU's intra-op pool (TORCH_TPU_XLA_CPU_THREADS) before the backend starts:
-    jaxlib's CPU client reads NPROC then, else takes every core the process may use. With
-    several processes per host each pool on every core made them fight for the cores: a
-    2-process FSDP2 step of torchtitan's debug Llama took 1.65 s, 1.47 s with a pool each
-    (bench dist, 2 cores, 2026-12-06)."""
-    if "NPROC" in os.environ or "PJRT_NPROC" in os.environ:
-        return
-    threads = _config.get("TORCH_TPU_XLA_CPU_THREADS")
-    local = _C.local_device()[1]  # LOCAL_WORLD_SIZE under torchrun, else 1
-    if threads is None and local > 1:
-        threads = max(1, len(os.sched_getaffinity(0)) // local)
-    if threads is not None:
-        os.environ["NPROC"] = str(threads)
-
-
 def _select_device():
-    """The one device this process drives: the first local PJRT device.
-
-    One process per device, as on TPU pods; `TORCH_TPU_PLATFORM` picks a platform
-    (tpu, cuda, cpu) when several are installed."""
-    _share_host_cores()
+    """The one device this process drives, bound to it before the runtime starts
+    (_binding.py: libtpu's topology, the local GPU, XLA:CPU's share of the cores), and
+    checked after: an accelerator that failed to start raises, never falls back to the CPU.
+    `TORCH_TPU_PLATFORM` picks a platform (tpu, cuda, cpu) when several are installed."""
+    global BINDING
+    BINDING = _binding.current()
+    _binding.apply(BINDING)
     for fn in _BEFORE_BACKEND:
         fn()
-    platform = _config.get("TORCH_TPU_PLATFORM")
-    devices = jax.local_devices(backend=platform) if platform else jax.local_devices()
-    return devices[0]
+    requested = _config.get("TORCH_TPU_PLATFORM")
+    try:
+        devices = jax.local_devices(backend=requested) if requested else jax.local_devices()
+    except RuntimeError as e:
+        raise BINDING.start_error(e) from e
+    BINDING.check_started(devices[0].platform, _jax_internals.backend_errors())
+    return devices[BINDING.ordinal(len(devices))]
 
 
+BINDING = None  # the binding used (_binding.Binding), once the device started
 _DEVICE = None
 
 

@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 
-from .. import _config, _jax_internals
+from .. import _binding, _config, _jax_internals
 from . import _liveness
 
 _state = {"rank": None, "world": None, "host": None, "crashed": None, "hooks": False,
@@ -157,6 +157,7 @@ def initialize(store, rank_: int, world: int, timeout: float) -> None:
             return
         if backend_started():
             raise DistInitError(_started_too_early())
+        _binding.from_group(rank_, world)  # (mp.spawn: no launcher's variables to bind by)
         addr = _publish_or_read(store, rank_, timeout)
         links = None if rank_ == 0 else store.get(_liveness.KEY).decode()
         _start(addr, links, rank_, world, timeout)

@@ -63,16 +63,29 @@ class CollectiveMismatch(dist.DistBackendError):
 
 # ---------------------------------------------------------------- the group's mesh
 def process_device(process: int):
-    """The device a process drives: its first local device (as `_runtime.device()`)."""
-    return _process_devices()[process]
+    """The device process `process` drives (`_runtime.device()` there): the one its binding
+    chose among its local devices (_binding.py), which it publishes in JAX's key-value
+    store. Read on demand: every member of a group publishes its own before it reads the
+    others' (its first mesh), so no process waits for one outside its groups."""
+    found = _DEVICES.get(process)
+    if found is None:
+        own = _runtime.device()
+        if not _DEVICES:
+            _DEVICES[jax.process_index()] = own
+            if jax.process_count() > 1:
+                _jax_internals.kv_store().key_value_set(_DEVICE_KEY % own.process_index,
+                                                        str(own.id))
+        if process in _DEVICES:
+            return _DEVICES[process]
+        wait_ms = int(_config.get("TORCH_TPU_DIST_INIT_TIMEOUT_S") * 1000)
+        device_id = int(_jax_internals.kv_store().blocking_key_value_get(
+            _DEVICE_KEY % process, wait_ms))
+        found = _DEVICES[process] = next(d for d in jax.devices(own.platform) if d.id == device_id)
+    return found
 
 
-@functools.lru_cache(maxsize=None)
-def _process_devices() -> dict:
-    out = {}
-    for d in sorted(jax.devices(_runtime.device().platform), key=lambda d: d.id):
-        out.setdefault(d.process_index, d)
-    return out
+_DEVICES: dict = {}  # process index -> the device it drives
+_DEVICE_KEY = "tpu_dist/device/%d"
 
 
 class _Chain:
