@@ -119,7 +119,11 @@ def _select_device():
     except RuntimeError as e:
         raise BINDING.start_error(e) from e
     BINDING.check_started(devices[0].platform, _jax_internals.backend_errors())
-    return devices[BINDING.ordinal(len(devices))]
+    chosen = devices[BINDING.ordinal(len(devices))]
+    # programs with no device inputs (factories, the RNG's first draw) run on JAX's
+    # default device: make it ours, or they would land on local device 0
+    jax.config.update("jax_default_device", chosen)
+    return chosen
 
 
 BINDING = None  # the binding used (_binding.Binding), once the device started
