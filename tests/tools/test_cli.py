@@ -39,7 +39,7 @@ def test_info_reports_versions_platform_mode_and_lowerings():
     assert f["jaxlib"] == jax.__version__  # pinned together
     assert f["PJRT platform"] in ("cpu", "tpu", "cuda", "gpu")
     assert f["device kind"]
-    assert f["devices"]
+    assert f["local devices"] and f["binding"].startswith(f["PJRT platform"])
     assert f["eager mode"] in ("strict", "debug", "defer_and_fuse")
     assert int(f["lowerings"]) > 0
 
