@@ -50,6 +50,7 @@ WRITTEN_AGAINST = "1.15.0"
 DEVICE = "tpu"
 BACKEND = "tpu_dist"
 _MODULE = "accelerate.state"
+_MODELING = "accelerate.utils.modeling"
 
 
 def _tpu_is_the_accelerator() -> bool:
@@ -108,6 +109,33 @@ def _set_device(original):
     return set_device
 
 
+def _reachable() -> list:
+    """The tpu indices this process can place a model on: its own device (docs/DEVICES.md)."""
+    return [torch.tpu.current_device()]
+
+
+def _max_memory(original):
+    convert_file_size_to_int = original.__globals__["convert_file_size_to_int"]  # (its module's)
+
+    def get_max_memory(max_memory=None):
+        if not _tpu_is_the_accelerator() or torch.cuda.is_available():
+            return original(max_memory)
+        own = _reachable()
+        if max_memory is None:  # what each device has free, before the CPU's budget
+            free = {i: torch.tpu.mem_get_info(i)[0] for i in own}
+            return {**free, **original(None)}
+        ints = {k: v for k, v in max_memory.items() if isinstance(k, int)}
+        if any(k not in own for k in ints):
+            raise ValueError(f"max_memory names tpu devices {sorted(ints)}; this process can "
+                             f"place weights on tpu:{', tpu:'.join(map(str, own))}")
+        rest = original({k: v for k, v in max_memory.items() if not isinstance(k, int)})
+        for k, v in ints.items():  # in place, as the original converts (transformers reads it)
+            max_memory[k] = convert_file_size_to_int(v) if isinstance(v, str) else v
+        max_memory.update(rest)
+        return {**{k: max_memory[k] for k in sorted(ints)}, **rest}
+    return get_max_memory
+
+
 PATCHES = [
     PropertyPatch(
         f"{_MODULE}:PartialState.default_device", "(self) -> 'torch.device'", _default_device,
@@ -120,15 +148,28 @@ PATCHES = [
     Patch(
         f"{_MODULE}:PartialState.set_device", "(self)", _set_device,
         "under torchrun: MULTI_GPU's device would be looked up in torch.cuda"),
+    # (patched before accelerate.utils and transformers copy the name: see install)
+    Patch(
+        f"{_MODELING}:get_max_memory",
+        "(max_memory: Optional[dict[Union[int, str], Union[int, str]]] = None)", _max_memory,
+        "device_map='auto': the device memory is asked of torch.cuda and named devices "
+        "only, so a model is placed on the CPU"),
 ]
 
 
 def _patch() -> None:
-    _patches.apply_all(PATCHES, f"accelerate (written against {WRITTEN_AGAINST}) is left "
+    _patches.apply_all(PATCHES[:-1], f"accelerate (written against {WRITTEN_AGAINST}) is left "
                        "unpatched and may not use the tpu device (ACCELERATE_TORCH_DEVICE=tpu "
                        "sets it for a single process)")
 
 
 def install() -> None:
-    """Patch accelerate now if it is loaded, else as soon as it is."""
+    """Patch accelerate now if it is loaded, else as soon as it is: get_max_memory right
+    after its module runs, before `accelerate.utils` and transformers import the name."""
+    _on_import.when_imported(_MODELING, _patch_memory, lambda m: hasattr(m, "get_max_memory"))
     _on_import.when_imported(_MODULE, _patch, lambda m: hasattr(m, "PartialState"))
+
+
+def _patch_memory() -> None:
+    _patches.apply_all(PATCHES[-1:], f"accelerate (written against {WRITTEN_AGAINST}): "
+                       "device_map='auto' places models on the CPU")
