@@ -158,7 +158,10 @@ _DECLARED = [
             "holds, so results are written in place (lower peak memory)"),
     # ---- runtime, caches, reports
     Setting("TORCH_TPU_PLATFORM", "str", None, DEVICE_START,
-            "which PJRT platform to use (`tpu`, `cuda`, `cpu`) when several are installed",
+            "which PJRT platform to use (`tpu`, `cuda`, `cpu`) when several are installed; "
+            "`cpu` is also the way to ask for the CPU on a host whose accelerator is busy or "
+            "broken: an accelerator that fails to start raises (docs/DEVICES.md), it never "
+            "falls back",
             default_doc="JAX's choice"),
     Setting("TORCH_TPU_MEMORY_LIMIT", "bytes", None, DEVICE_START,
             "the device's memory capacity (`get_device_properties().total_memory`): an "
