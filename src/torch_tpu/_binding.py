@@ -38,6 +38,9 @@ TPU_BASE_PORT = 8476  # libtpu's default process port; local process i listens o
 LAUNCH_BARRIER = "--xla_tpu_use_enhanced_launch_barrier"
 
 
+_PLATFORM = {"gpu": "cuda"}  # (JAX names its CUDA devices' platform "gpu")
+
+
 class BindingError(RuntimeError):
     """The accelerator could not be bound to this process (busy, bad topology, too few)."""
 
@@ -275,7 +278,7 @@ class Binding:
     def check_started(self, platform: str, errors: dict) -> None:
         """Raise when the runtime started on another platform than the one meant (JAX falls
         back to the CPU with a warning when an accelerator fails to start)."""
-        if platform == self.platform or self.platform == "cpu":
+        if _PLATFORM.get(platform, platform) == self.platform or self.platform == "cpu":
             return
         cause = errors.get(self.platform) or f"JAX started the {platform} platform instead"
         raise BindingError(self._where(f"the {self.platform} runtime did not start: {cause}"))
@@ -308,7 +311,7 @@ def plan(host: Host, env=None, requested: str | None = None, run: Launch | None 
     """The binding for this launch on this host (pure: `env` is only read)."""
     env = os.environ if env is None else env
     if requested:
-        platform = {"gpu": "cuda"}.get(requested, requested)
+        platform = _PLATFORM.get(requested, requested)
     elif host.has_tpu_runtime and host.tpu_chips:
         platform = "tpu"
     elif host.has_gpu_runtime and host.has_gpu:

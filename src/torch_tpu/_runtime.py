@@ -113,9 +113,9 @@ def _select_device():
     _binding.apply(BINDING)
     for fn in _BEFORE_BACKEND:
         fn()
-    requested = _config.get("TORCH_TPU_PLATFORM")
     try:
-        devices = jax.local_devices(backend=requested) if requested else jax.local_devices()
+        devices = (jax.local_devices(backend=BINDING.platform) if BINDING.requested
+                   else jax.local_devices())
     except RuntimeError as e:
         raise BINDING.start_error(e) from e
     BINDING.check_started(devices[0].platform, _jax_internals.backend_errors())

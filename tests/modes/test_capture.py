@@ -53,6 +53,18 @@ def test_documented_cuda_graph_recipe_matches_cpu(mode, cpu_run, tpu_script):
     assert got["train_built"] == 0 and got["decode_built"] == 0, got
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "sgd_momentum", "adam"])
+def test_recipe_with_other_optimizers_matches_cpu(optimizer, tpu_script):
+    """SGD (no `capturable` option, no step count: captured as it is, as on CUDA), SGD
+    with momentum, and a capturable Adam: CPU's values, nothing compiled over the replays."""
+    env = {**QUIET, "OPTIMIZER": optimizer}
+    want = run_single(SCRIPT, env={**env, "FORCE_CPU": "1"}, timeout=300)[0]
+    got, out = run_single(tpu_script, env=env, timeout=300)
+    assert got["graphs"], out[-3000:]
+    _close(got, want, 1e-5)
+    assert got["train_built"] == 0, got
+
+
 def test_replay_draws_random_numbers_as_eager_does(tpu_script):
     """With dropout, each replay draws new masks, the ones eager draws for the same steps
     (the default generator advances by what the region drew)."""

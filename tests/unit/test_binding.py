@@ -207,6 +207,7 @@ def test_a_failed_accelerator_start_raises_never_falls_back():
     assert "TPU_VISIBLE_CHIPS=1" in text and "TORCH_TPU_PLATFORM=cpu" in text
     b.check_started("tpu", {})  # started as meant
     gpu = B.plan(GPU_HOST, env, run=B.launch(env))
+    gpu.check_started("gpu", {})  # (JAX's name for its CUDA devices' platform)
     with pytest.raises(B.BindingError, match="cuda runtime did not start"):
         gpu.check_started("cpu", {})
     B.plan(TPU_HOST, env, requested="cpu", run=B.launch(env)).check_started("cpu", {})

@@ -524,8 +524,10 @@ def capturing(g: TPUGraph):
 
 
 def _check_capturable(optimizer, args, kwargs):
-    """torch's optimizers check `capturable` under CUDA capture only; tpu's check."""
-    if _CAPTURING and not all(g.get("capturable", False) for g in optimizer.param_groups):
+    """torch's optimizers check `capturable` under CUDA capture only; tpu's check. Only
+    those that have the option (a step count, which must then live on the device): SGD
+    and the others without one capture as they are, as on CUDA."""
+    if _CAPTURING and not all(g.get("capturable", True) for g in optimizer.param_groups):
         raise CaptureError(
             f"Attempting torch.tpu.graph capture of step() for an instance of "
             f"{type(optimizer).__name__} but param_groups' capturable is False (at {_where()}). "
