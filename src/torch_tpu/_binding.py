@@ -24,10 +24,11 @@ slice's chip grid, one port per local process from 8476, task id host-major).
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
 import os
 
-from . import _config
+from . import _C, _config
 
 TPU_VARIABLES = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
                  "TPU_PROCESS_ADDRESSES", "TPU_PROCESS_PORT", "CLOUD_TPU_TASK_ID",
@@ -101,6 +102,7 @@ def from_group(rank: int, world: int) -> None:
     share one host, rank r on local chip r (the CUDA idiom `set_device(rank)`)."""
     if launch() is None and world > 1:
         _GROUP_LAUNCH.append(Launch(rank, world, rank, world, "process group"))
+        _C.set_local_device(rank, world)  # tpu:{rank} of world, as under torchrun
 
 
 # ---------------------------------------------------------------- TPU generations
@@ -305,6 +307,7 @@ class Host:
     has_gpu: bool = False
     has_gpu_runtime: bool = False
     cores: int = 1
+    gpus: int = 0
 
 
 def plan(host: Host, env=None, requested: str | None = None, run: Launch | None = None) -> Binding:
@@ -351,6 +354,28 @@ def plan(host: Host, env=None, requested: str | None = None, run: Launch | None 
     return b
 
 
+def local_devices(b: Binding, host: Host, env=None) -> int:
+    """How many local devices the runtime will show this process, known before it starts
+    (torch.tpu.device_count() must not start it: a parent that counts devices before
+    spawning one process per device would hold them all)."""
+    env = os.environ if env is None else env
+    if b.platform == "tpu":
+        visible = env.get("TPU_VISIBLE_CHIPS")
+        chips = len(visible.split(",")) if visible else host.tpu_chips
+        gen = env.get("TPU_ACCELERATOR_TYPE") or host.tpu_generation
+        cores = generation(gen).cores_per_chip if gen else 1
+        return max(1, chips * cores)
+    if b.platform == "cuda":
+        visible = env.get("JAX_LOCAL_DEVICE_IDS") or env.get("CUDA_VISIBLE_DEVICES")
+        return max(1, len([d for d in visible.split(",") if d.strip()]) if visible is not None
+                   else host.gpus)
+    flag = "--xla_force_host_platform_device_count="
+    for word in env.get("XLA_FLAGS", "").split():
+        if word.startswith(flag):
+            return max(1, int(word[len(flag):]))
+    return 1
+
+
 def apply(b: Binding) -> None:
     """Set the plan's variables (before the runtime starts) and, for a GPU, JAX's visible
     devices: JAX applies JAX_LOCAL_DEVICE_IDS only inside jax.distributed.initialize."""
@@ -374,7 +399,17 @@ def host() -> Host:
     return Host(tpu_chips=chips, tpu_generation=gen,
                 has_tpu_runtime=importlib.util.find_spec("libtpu") is not None,
                 has_gpu=_jax_internals.has_nvidia_gpu(), has_gpu_runtime=gpu_plugin,
-                cores=len(os.sched_getaffinity(0)))
+                cores=len(os.sched_getaffinity(0)),
+                gpus=len(glob.glob("/dev/nvidia[0-9]*")))
+
+
+def devices_alone() -> int:
+    """The local devices this process drives when no launcher started it: all it will see
+    (1 under a launcher: the local rank's)."""
+    if launch() is not None:
+        return 1
+    h = host()
+    return local_devices(plan(h, requested=_config.get("TORCH_TPU_PLATFORM")), h)
 
 
 def current() -> Binding:

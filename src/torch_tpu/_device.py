@@ -10,11 +10,9 @@ import torch
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import _C  # noqa: E402  (the C++ piece: allocator, generator, guard, hooks)
-from . import _amp, _backends, _memory, _memory_history, _patches, _runtime, _streams  # noqa: E402
+from . import _amp, _backends, _binding, _memory, _memory_history, _patches, _runtime, _streams  # noqa: E402
 from ._rng import check_state, default_generator  # noqa: E402
 from .op import asserts, current  # noqa: E402
-
-_DEFAULT_GENERATOR = default_generator()
 
 
 # ---------------------------------------------------------------- device
@@ -35,49 +33,56 @@ def _lazy_init() -> None:
     _runtime.device()
 
 
-# This process's device index and the number of devices the job has on this host: under
-# torchrun tpu:{LOCAL_RANK} of LOCAL_WORLD_SIZE (the CUDA idiom), else tpu:0 of 1; tpu:0
-# always names this process's device too (csrc/tpu_ext.cpp, docs/DEVICES.md).
-_OWN_INDEX, _COUNT = _C.local_device()
+# The devices and their indices (csrc/tpu_ext.cpp, docs/DEVICES.md): under a launcher the
+# process drives one device, tpu:{LOCAL_RANK} of LOCAL_WORLD_SIZE (the CUDA idiom; tpu:0
+# names it too); a process alone drives every local device, tpu:0..N-1, with a current
+# device per thread, as CUDA. Decided here, before any storage exists.
+if _C.local_device()[1] == 1 and (_ALONE := _binding.devices_alone()) > 1:
+    _C.set_multi(_ALONE)
 
 
 def device_count() -> int:
-    return _COUNT
+    return _C.local_device()[1]
 
 
 def current_device() -> int:
-    return _OWN_INDEX
+    return _C.current_index()
 
 
 def _index(device) -> int:
     if isinstance(device, torch.device):
         if device.type != "tpu":
             raise ValueError(f"Expected a tpu device, but got: {device}")
-        return _OWN_INDEX if device.index is None else device.index
+        return current_device() if device.index is None else device.index
     if isinstance(device, str):
         return _index(torch.device(device))
     if device is None:
-        return _OWN_INDEX
+        return current_device()
     return int(device)
 
 
 def set_device(device) -> None:
-    """Select this process's device: tpu:{LOCAL_RANK} under torchrun (or tpu:0, another
-    name for it). Any other index raises, naming this process's device."""
-    _C.check_device_index(_index(device))
+    """Select the current device: any of a process's several, or under a launcher its
+    one (tpu:{LOCAL_RANK}, or tpu:0, another name for it). Any other index raises, naming
+    the process's devices."""
+    _C.set_current_index(_index(device))
 
 
 class device:  # noqa: N801  (mirrors torch.cuda.device)
-    """Context manager that selects a tpu device (each process has one; see set_device)."""
+    """Context manager that makes a tpu device the current one, then restores the last."""
 
     def __init__(self, device):
-        self.idx = _index(device)
-        set_device(self.idx)
+        self.idx = -1 if device is None else _index(device)
+        self.prev = -1
 
     def __enter__(self):
+        self.prev = current_device()
+        if self.idx >= 0:
+            set_device(self.idx)
         return self
 
     def __exit__(self, *exc):
+        set_device(self.prev)
         return False
 
 
@@ -96,8 +101,18 @@ def synchronize(device=None) -> None:
     asserts.check(wait=True)  # device-side asserts (op/asserts.py)
 
 
+def _indices() -> range:
+    """The distinct devices' indices: all of a process's several, else its one."""
+    return range(device_count()) if _C.multi() else range(current_device(), current_device() + 1)
+
+
+def _pjrt(device=None):
+    """The PJRT device behind a tpu index (None: the current one)."""
+    return _runtime.devices()[_index(device)] if _C.multi() else _runtime.device()
+
+
 def get_device_name(device=None) -> str:
-    d = _runtime.device()
+    d = _pjrt(device)
     return f"{d.device_kind} ({d.platform}, via PJRT)"
 
 
@@ -113,10 +128,11 @@ def get_device_properties(device=None):
     """torch's properties, and the runtime device behind the index: its platform, PJRT
     device id, process, and the chip's coordinates and core where the platform has them
     (TPU)."""
-    d = _runtime.device()
-    return _Properties(name=get_device_name(), platform=d.platform, device_kind=d.device_kind,
-                       total_memory=_memory.capacity(), id=d.id, device_id=d.id,
-                       process_index=d.process_index, coords=getattr(d, "coords", None),
+    d = _pjrt(device)
+    return _Properties(name=get_device_name(device), platform=d.platform,
+                       device_kind=d.device_kind, total_memory=_memory.capacity(), id=d.id,
+                       device_id=d.id, process_index=d.process_index,
+                       coords=getattr(d, "coords", None),
                        core_on_chip=getattr(d, "core_on_chip", None))
 
 
@@ -125,38 +141,49 @@ def get_device_capability(device=None):
 
 
 # ---------------------------------------------------------------- RNG
+# One default generator per device; the plain functions act on the current device's, the
+# _all ones on every device's (torch.cuda's split).
+def _generator(device=None) -> torch.Generator:
+    return default_generator(None if device is None else _index(device))
+
+
 def manual_seed(seed: int) -> None:
-    _DEFAULT_GENERATOR.manual_seed(int(seed))
+    _generator().manual_seed(int(seed))
 
 
-manual_seed_all = manual_seed
+def manual_seed_all(seed: int) -> None:
+    for i in _indices():
+        default_generator(i).manual_seed(int(seed))
 
 
 def seed() -> None:
-    _DEFAULT_GENERATOR.seed()
+    _generator().seed()
 
 
-seed_all = seed
+def seed_all() -> None:
+    for i in _indices():
+        default_generator(i).seed()
 
 
 def initial_seed() -> int:
-    return _DEFAULT_GENERATOR.initial_seed()
+    return _generator().initial_seed()
 
 
 def get_rng_state(device="tpu") -> torch.Tensor:
-    return _DEFAULT_GENERATOR.get_state()
+    return _generator(device).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
-    _DEFAULT_GENERATOR.set_state(check_state(new_state))
+    _generator(device).set_state(check_state(new_state))
 
 
 def get_rng_state_all():
-    return [get_rng_state()]
+    return [get_rng_state(i) for i in _indices()]
 
 
 def set_rng_state_all(states) -> None:
-    set_rng_state(states[0])
+    for i, state in zip(_indices(), states):
+        set_rng_state(state, i)
 
 
 # ---------------------------------------------------------------- autocast
@@ -193,7 +220,7 @@ def _make_module() -> types.ModuleType:
     mod.memory_summary = _memory_history.memory_summary
     mod.OutOfMemoryError = torch.OutOfMemoryError  # (torch.cuda.OutOfMemoryError is it too)
     mod._initialized = True
-    mod.default_generators = (_DEFAULT_GENERATOR,)
+    mod.default_generators = tuple(default_generator(i) for i in _indices())
     return mod
 
 

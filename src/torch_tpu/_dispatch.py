@@ -15,8 +15,8 @@ import warnings
 
 import torch
 
-from . import _C, _config, metrics
-from ._transfer import covers_storage, to_cpu, to_cpu_tree, upload, upload_into
+from . import _C, _config, _runtime, metrics
+from ._transfer import covers_storage, to_cpu, to_cpu_tree, to_device, upload, upload_into
 from .op import current, refusals
 from .op.opcall import OpPlan, normalize
 from .lowering import decomp, registry
@@ -65,7 +65,7 @@ def _out_kernel(op, functional):
         if dtype_from_out and kwargs.get("dtype") is None and (
                 dsts[0].dtype.is_floating_point or dsts[0].dtype.is_complex or not mean):
             fkwargs = {**kwargs, "dtype": dsts[0].dtype}
-        result = current.executor().execute(fplan, normalize(fplan, args, fkwargs))
+        result = current.executor().execute(_plan_here(fplan), normalize(fplan, args, fkwargs))
         srcs = result if isinstance(result, (tuple, list)) else (result,)
         # torch's out= rules, which computing with the functional op skips
         refusals.check_out(op, functional, srcs, dsts, args, dict(zip(out_names, outs), **kwargs))
@@ -79,7 +79,7 @@ def _out_kernel(op, functional):
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    return kernel
+    return _on_inputs_device(kernel)
 
 
 # reductions and scans whose out= with dtype=None computes in the out's dtype, as CPU does
@@ -190,7 +190,49 @@ def _register(op, kernel, seen):
 
 
 # ---------------------------------------------------------------- copies between devices
+def _tpu_index(*values) -> int:
+    """The device of the first tpu tensor among `values` (lists looked into), else -1."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            found = _tpu_index(*v)
+            if found >= 0:
+                return found
+        elif isinstance(v, torch.Tensor) and v.device.type == "tpu":
+            return v.device.index
+    return -1
+
+
+def _on_inputs_device(kernel):
+    """A Python kernel run with its first tpu tensor's device current, as the C op kernels
+    run theirs (several devices per process; one: the kernel as it is)."""
+    def on_device(*args, **kwargs):
+        if not _multi():
+            return kernel(*args, **kwargs)
+        with _runtime.on_device(_tpu_index(*args, *kwargs.values())):
+            return kernel(*args, **kwargs)
+
+    on_device.__name__ = kernel.__name__
+    return on_device
+
+
+_multi = _C.multi
+
+
+def _plan_here(plan):
+    """The op's plan for the current device (OpPlan.on_device)."""
+    return plan.on_device(_C.slot())
+
+
 def copy_(self, src, non_blocking=False):
+    if self.device.type == "tpu" and _multi():  # (several devices per process)
+        if src.device.type == "tpu" and src.device != self.device:
+            src = to_device(src, self.device.index)
+        with _runtime.on_device(self.device.index):
+            return _copy(self, src)
+    return _copy(self, src)
+
+
+def _copy(self, src):
     if self.device.type == "tpu":
         if src.device.type != "tpu":
             if src.device.type != "cpu":
@@ -202,7 +244,7 @@ def copy_(self, src, non_blocking=False):
         write = getattr(current.executor(), "write_in_place", None)  # (Strict only)
         if write is not None and write(_copy_plan(), self, src):
             return self
-        return _copy_kernel()(self, src, non_blocking)
+        return _copy_kernel()(self, src)
     # tpu -> cpu
     self.copy_(to_cpu(src))
     return self
@@ -244,10 +286,10 @@ def _fill_kernel(op, value_of):
         if not self.is_conj() and not self.is_neg() and covers_storage(self):
             ex.fill(self.untyped_storage(), self.dtype, value)
             return self
-        return ex.execute(plan, normalize(plan, (self, *((value,) if args else ())), {}))
+        return ex.execute(_plan_here(plan), normalize(plan, (self, *((value,) if args else ())), {}))
 
     kernel.__name__ = f"tpu_{plan.name}"
-    return kernel
+    return _on_inputs_device(kernel)
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # a mask's -inf, every step: ~0.2 us, not 3

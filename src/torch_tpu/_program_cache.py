@@ -54,7 +54,7 @@ import weakref
 import jax
 import torch
 
-from . import _cache, _config, _frames, _jax_internals, _precision, _recompiles, _runtime, metrics
+from . import _C, _cache, _config, _frames, _jax_internals, _precision, _recompiles, _runtime, metrics
 
 OP, GRAPH, COMPILED = "op", "graph", "compiled"
 DONATED = "donated"  # an op program's lookup beside its key: it donates its first buffer
@@ -387,13 +387,20 @@ def compile_ahead(rec, specs, fn=None) -> None:
 _AHEAD_PENDING: weakref.WeakSet = weakref.WeakSet()
 
 
+def _placed():
+    """Where a program with no device inputs (a factory) is compiled for: JAX's default
+    device, the current tpu device's while it is not tpu:0 (several devices per process;
+    each device's programs are keyed apart: OpPlan.on_device)."""
+    return jax.default_device(_runtime.device()) if _C.slot() else contextlib.nullcontext()
+
+
 def _first_run(rec, fn, args):
     dump = _config.get("TORCH_TPU_DUMP_DIR")
     cpu = _runtime.platform() == "cpu"
     specs = _specs(args) if dump is not None or not cpu else None
     early, early_s = _await_ahead(rec)
     t0 = time.perf_counter()
-    with _cache.watch(rec.ships) as mine:
+    with _cache.watch(rec.ships) as mine, _placed():
         if rec.label is not None and (PROFILING[0] or _torch_profiling()):
             with annotate(rec.label[0], **rec.label[1]):
                 out = fn(*args)

@@ -1,4 +1,4 @@
-"""The tpu default generator (torch.tpu.default_generators[0]): made by the C++ piece,
+"""The tpu default generators (torch.tpu.default_generators, one per device): made by the C++ piece,
 which also answers torch.Generator(device="tpu"). Seeded ops draw from it when they are
 given no generator.
 
@@ -12,15 +12,22 @@ import torch
 
 from . import _C
 
-_DEFAULT = _C.default_generator()
+_DEFAULTS: dict = {}  # tpu index -> its default generator (one per device, as CUDA's)
 
 STATE_BYTES = 16
 SEED_MASK = (1 << 63) - 1   # jax.random.key takes an int64 seed
 _U64 = (1 << 64) - 1
 
 
-def default_generator() -> torch.Generator:
-    return _DEFAULT
+def default_generator(index: int | None = None) -> torch.Generator:
+    """The default generator of tpu:`index` (None: the current device; under a launcher
+    every index names the process's one device)."""
+    if index is None:
+        index = _C.current_index()
+    gen = _DEFAULTS.get(index)
+    if gen is None:
+        gen = _DEFAULTS[index] = _C.default_generator(index)
+    return gen
 
 
 def check_state(state) -> torch.Tensor:

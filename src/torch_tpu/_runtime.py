@@ -6,6 +6,7 @@ silently become 32-bit, and torch's int64 indices and float64 math would not sta
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import warnings
@@ -103,11 +104,13 @@ def before_backend(fn) -> None:
     _BEFORE_BACKEND.append(fn)
 
 
-def _select_device():
-    """The one device this process drives, bound to it before the runtime starts
+def _select_devices() -> list:
+    """The devices this process drives, bound to them before the runtime starts
     (_binding.py: libtpu's topology, the local GPU, XLA:CPU's share of the cores), and
     checked after: an accelerator that failed to start raises, never falls back to the CPU.
-    `TORCH_TPU_PLATFORM` picks a platform (tpu, cuda, cpu) when several are installed."""
+    One under a launcher (the local rank's); every local device for a process alone
+    (`tpu:i` is local device i). `TORCH_TPU_PLATFORM` picks a platform (tpu, cuda, cpu)
+    when several are installed."""
     global BINDING
     BINDING = _binding.current()
     _binding.apply(BINDING)
@@ -119,29 +122,50 @@ def _select_device():
     except RuntimeError as e:
         raise BINDING.start_error(e) from e
     BINDING.check_started(devices[0].platform, _jax_internals.backend_errors())
-    chosen = devices[BINDING.ordinal(len(devices))]
+    if _C.local_device() == (0, len(devices)) and BINDING.run is None:
+        chosen = devices
+    else:
+        chosen = [devices[BINDING.ordinal(len(devices))]]
     # programs with no device inputs (factories, the RNG's first draw) run on JAX's
-    # default device: make it ours, or they would land on local device 0
-    jax.config.update("jax_default_device", chosen)
+    # default device: make it tpu:0's, or they would land on local device 0
+    jax.config.update("jax_default_device", chosen[0])
     return chosen
 
 
 BINDING = None  # the binding used (_binding.Binding), once the device started
-_DEVICE = None
+_DEVICES: list = []  # tpu index -> its PJRT device (one, or every local device: see above)
+_slot = _C.slot  # this thread's current tpu index where a process has several, else 0
 
 
 def device():
-    global _DEVICE
+    """The PJRT device of this thread's current tpu device (the op's, inside an op)."""
     if _FORKED:
         raise RuntimeError(FORK_ERROR)
-    if _DEVICE is None:
-        _DEVICE = _select_device()
-    return _DEVICE
+    if not _DEVICES:
+        _DEVICES.extend(_select_devices())
+    return _DEVICES[_slot()]
+
+
+@contextlib.contextmanager
+def on_device(index: int):
+    """tpu:`index` as this thread's current device for a block (several devices per
+    process; one: nothing changes)."""
+    prev = _C.swap_index(index)
+    try:
+        yield
+    finally:
+        _C.swap_index(prev)
+
+
+def devices() -> list:
+    """Every PJRT device this process drives, by tpu index."""
+    device()
+    return list(_DEVICES)
 
 
 def started() -> bool:
     """Whether XLA's runtime has started here (the first tpu tensor starts it, as on CUDA)."""
-    return _DEVICE is not None
+    return bool(_DEVICES)
 
 
 # ---------------------------------------------------------------- fork
@@ -156,7 +180,7 @@ def _after_fork_in_child() -> None:
     every path into tpu raises FORK_ERROR at once: the allocator and the op kernels in C,
     the transfers here. A child of a parent that never started XLA may start its own."""
     global _FORKED
-    if _DEVICE is not None:
+    if _DEVICES:
         _FORKED = True
         _C.set_bad_fork(FORK_ERROR)
 
@@ -198,10 +222,10 @@ def to_device(cpu: torch.Tensor) -> jax.Array:
     """A contiguous CPU tensor -> a flat, device-owned XLA buffer (always a copy)."""
     check_not_forked()
     if cpu.numel() == 0:  # (transformers' caches start from torch.tensor([]) each step)
-        jdt = jax_dtype(cpu.dtype)
-        empty = _EMPTY.get(jdt)
+        key = (jax_dtype(cpu.dtype), _slot())
+        empty = _EMPTY.get(key)
         if empty is None:
-            empty = _EMPTY[jdt] = _uploader()(np.zeros(0, jdt))
+            empty = _EMPTY[key] = _uploader()(np.zeros(0, key[0]))
         return empty
     try:
         return _uploader()(host_array(cpu))
@@ -226,21 +250,22 @@ def host_array(cpu: torch.Tensor) -> np.ndarray:
     return host.reshape(-1)
 
 
-_EMPTY: dict = {}  # jax dtype -> its zero-length buffer (immutable: shared)
+_EMPTY: dict = {}  # (jax dtype, tpu index) -> its zero-length buffer (immutable: shared)
 
 
-_UPLOADER = None
+_UPLOADERS: dict = {}  # PJRT device -> its jitted identity
 
 
 def _uploader():
-    """A jitted identity placed on our device: jit's C++ path moves a numpy argument to
-    the device in ~20 us, where `jax.device_put`'s Python path takes 70-160 us (an input
+    """A jitted identity placed on the current device: jit's C++ path moves a numpy argument
+    to the device in ~20 us, where `jax.device_put`'s Python path takes 70-160 us (an input
     batch per training step)."""
-    global _UPLOADER
-    if _UPLOADER is None:
-        on_device = jax.sharding.SingleDeviceSharding(device())
-        _UPLOADER = jax.jit(lambda a: a, in_shardings=on_device, out_shardings=on_device)
-    return _UPLOADER
+    d = device()
+    up = _UPLOADERS.get(d)
+    if up is None:
+        on_device = jax.sharding.SingleDeviceSharding(d)
+        up = _UPLOADERS[d] = jax.jit(lambda a: a, in_shardings=on_device, out_shardings=on_device)
+    return up
 
 
 def scalar_to_device(v) -> jax.Array:
@@ -298,7 +323,7 @@ def jax_live_arrays():
     return jax.live_arrays()
 
 
-_FENCE = []  # (its jit, its input): made on first use
+_FENCE: dict = {}  # PJRT device -> (its jit, its input): made on first use
 
 
 def fence() -> None:
@@ -306,11 +331,12 @@ def fence() -> None:
     (torch.tpu.synchronize: CUDA's waits for all queued work). A device runs the programs
     it was given in order (a TPU's or GPU's stream, and PJRT's CPU client: a dropped
     2048^3 matmul delays a 4-element add dispatched after it by the matmul's time), so
-    waiting for a tiny program dispatched now waits for all before it."""
-    if not _FENCE:
-        _FENCE.extend((jax.jit(lambda x: x + 1), jax.device_put(np.zeros((), np.int32), device())))
-    fn, x = _FENCE
-    fn(x).block_until_ready()
+    waiting for a tiny program dispatched now on each device waits for all before it."""
+    for d in devices():
+        if d not in _FENCE:
+            _FENCE[d] = (jax.jit(lambda x: x + 1), jax.device_put(np.zeros((), np.int32), d))
+        fn, x = _FENCE[d]
+        fn(x).block_until_ready()
 
 
 # ---------------------------------------------------------------- direct calls

@@ -96,7 +96,12 @@ def shared(n, dtype, value):
 
 
 def _key(n, dtype, value):  # -0.0 == 0.0 (and hashes alike), but 1 / x tells them apart
-    return n, dtype, type(value), value, math.copysign(1.0, value) if type(value) is float else 0
+    sign = math.copysign(1.0, value) if type(value) is float else 0
+    slot = _slot()  # (tpu:0's constants keep the short key: several devices per process)
+    return (n, dtype, type(value), value, sign) if not slot else (n, dtype, type(value), value, sign, slot)
+
+
+_slot = _C.slot
 
 
 def _filled(n, dtype, value) -> np.ndarray:
@@ -109,9 +114,13 @@ def _filled(n, dtype, value) -> np.ndarray:
     return np.full(n, one[0], one.dtype)
 
 
-@functools.lru_cache(maxsize=None)
 def _constant_fn(n, dtype):
-    on_device = jax.sharding.SingleDeviceSharding(_runtime.device())
+    return _placed_constant_fn(n, dtype, _runtime.device())
+
+
+@functools.lru_cache(maxsize=None)
+def _placed_constant_fn(n, dtype, device):
+    on_device = jax.sharding.SingleDeviceSharding(device)
     return jax.jit(lambda v: jnp.full((n,), v, dtype), out_shardings=on_device)
 
 

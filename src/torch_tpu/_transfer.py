@@ -13,7 +13,7 @@ import functools
 import jax
 import torch
 
-from . import _runtime, _storage, _tree, metrics
+from . import _C, _runtime, _storage, _tree, metrics
 from .op import asserts, current
 
 
@@ -36,6 +36,19 @@ def materialize(t: torch.Tensor, reason: str = "read") -> jax.Array:
     if _is_whole(t, n, bdt):
         return buf.reshape(shape)
     return materializer(shape, tuple(t.stride()), t.storage_offset(), n, bdt, t.dtype)(buf)
+
+
+def to_device(src: torch.Tensor, index: int) -> torch.Tensor:
+    """A copy of tpu tensor `src` on tpu:`index` of a process with several devices:
+    PJRT's device-to-device copy of its value, no round trip through a host tensor."""
+    with _runtime.on_device(src.device.index):
+        value = materialize(src, "device_to_device")
+    moved = jax.device_put(value.reshape(-1), _runtime.devices()[index])
+    metrics.count("device_to_device")
+    with _runtime.on_device(index):
+        t, st = _C.empty_with_storage(tuple(src.shape), None, src.dtype)
+        _storage.set_buffer(st, moved)
+    return t
 
 
 def _is_whole(t, n, bdt) -> bool:

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "contracts.h"
+#include "device.h"
 #include "slots.h"
 
 namespace torch_tpu {
@@ -36,6 +37,7 @@ PyObject* run_op(PyObject* entry, PyObject* fn, PyObject* bufs, PyObject* dyns, 
 PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns,
                     PyObject* vals);                                           // graph.cpp
 bool in_bad_fork();                                                            // memory.cpp
+int op_device(PyObject* vals, PyObject* name);                                 // scan.cpp
 const char* bad_fork_message();                                                // memory.cpp
 
 namespace {
@@ -342,6 +344,37 @@ done:
   return result;
 }
 
+// Several devices per process: the op runs with its values' device current (CUDA's
+// device guard), so its results, uploads and constants are made there. tpu:0's ops take
+// the fast paths above until an op ran on another device; from then on every op goes
+// through Python's execute (DeferAndFuse flushes there when the device changes: a graph
+// never spans two), with the plan for the op's device (OpPlan.on_device: its own cache, so
+// its programs are compiled for that device). Python's execute costs ~3 us an op more.
+bool g_other_devices = false;
+PyObject* g_on_device = nullptr;  // "on_device"
+
+PyObject* run_on_devices(KernelObject* k, PyObject* ex, PyObject* vals) {
+  const int d = op_device(vals, k->plan);
+  if (d == -2) return nullptr;
+  DeviceScope on(static_cast<c10::DeviceIndex>(d));
+  const int cur = current_index();
+  g_other_devices = g_other_devices || cur != 0;
+  if (!g_other_devices) {  // (inside this scope: the op's results are made on tpu:0)
+    PyObject* r = ex == g_defer ? record_deferred(k, ex, vals) : ex == g_strict ? run_strict(k, vals) : NOT_HERE;
+    return r == NOT_HERE ? execute_in_python(ex, k->plan, vals) : r;
+  }
+  if (g_on_device == nullptr && (g_on_device = PyUnicode_InternFromString("on_device")) == nullptr)
+    return nullptr;
+  PyObject* index = PyLong_FromLong(cur);
+  if (index == nullptr) return nullptr;
+  PyObject* plan = PyObject_CallMethodOneArg(k->plan, g_on_device, index);
+  Py_DECREF(index);
+  if (plan == nullptr) return nullptr;
+  PyObject* result = execute_in_python(ex, plan, vals);
+  Py_DECREF(plan);
+  return result;
+}
+
 // The op with its argument values in schema order: record it (DeferAndFuse, cached
 // entry), run it (Strict, cached entry) or hand it to the current executor's Python
 // execute.
@@ -361,7 +394,8 @@ PyObject* kernel_run(KernelObject* k, PyObject* vals) {
     ex = PyObject_CallNoArgs(g_executor_fn);
     if (ex == nullptr) return nullptr;
   }
-  PyObject* result = ex == g_defer    ? record_deferred(k, ex, vals)
+  PyObject* result = g_multi ? run_on_devices(k, ex, vals)
+                     : ex == g_defer  ? record_deferred(k, ex, vals)
                      : ex == g_strict ? run_strict(k, vals)
                                       : NOT_HERE;
   if (result == NOT_HERE) result = execute_in_python(ex, k->plan, vals);

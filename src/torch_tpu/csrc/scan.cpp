@@ -21,6 +21,7 @@
 // reference.
 #include <Python.h>
 
+#include <torch/csrc/Device.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -30,11 +31,49 @@
 #include <vector>
 
 #include "contracts.h"
+#include "device.h"
 #include "scan.h"
 
 namespace torch_tpu {
 
 PyObject* g_record_attr = nullptr;  // (scan.h)
+
+namespace {
+// a tensor's device index when it is a tpu tensor, else -1
+int tpu_index(PyObject* v) {
+  if (!THPVariable_Check(v)) return -1;
+  const at::Device d = THPVariable_Unpack(v).device();
+  return d.type() == c10::DeviceType::PrivateUse1 ? d.index() : -1;
+}
+}  // namespace
+
+int op_device(PyObject* vals, PyObject* name) {
+  int found = -1, named = -1;
+  auto see = [&](int d) -> bool {
+    if (d < 0) return true;
+    if (found < 0) found = d;
+    if (d == found) return true;
+    PyErr_Format(PyExc_RuntimeError,
+                 "Expected all tensors to be on the same device, but found at least two devices, "
+                 "tpu:%d and tpu:%d! (when checking arguments for %S)", found, d, name);
+    return false;
+  };
+  const Py_ssize_t n = PyList_GET_SIZE(vals);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* v = PyList_GET_ITEM(vals, i);
+    if (PyList_Check(v) || PyTuple_Check(v)) {
+      const Py_ssize_t m = PySequence_Fast_GET_SIZE(v);
+      for (Py_ssize_t j = 0; j < m; ++j)
+        if (!see(tpu_index(PySequence_Fast_ITEMS(v)[j]))) return -2;
+    } else if (THPDevice_Check(v)) {
+      const at::Device d = reinterpret_cast<THPDevice*>(v)->device;
+      if (d.type() == c10::DeviceType::PrivateUse1 && d.has_index()) named = d.index();
+    } else if (!see(tpu_index(v))) {
+      return -2;
+    }
+  }
+  return found >= 0 ? found : named;
+}
 
 // spec: the plan's cspec (borrowed)
 PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs);
@@ -366,6 +405,9 @@ PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs) {
 }
 
 PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals) {
+  // another device than tpu:0 (several per process): its scalars and constants are that
+  // device's, which OpPlan.scan's Python keeps (opcall.device_scalar)
+  if (g_multi && current_index() != 0) Py_RETURN_NONE;
   if (!PyList_Check(vals)) {
     PyErr_SetString(PyExc_TypeError, "scan(plan, vals: list)");
     return nullptr;

@@ -33,4 +33,9 @@ PyObject* view_part(const at::Tensor& t, PyObject* rec, PyObject* extra, bool dy
 // (made through opcall.device_scalar when new) is appended to `dyns`.
 PyObject* number_part(PyObject* v, PyObject* dyns);
 
+// Several devices per process: the device an op's values are on (the first tpu tensor's,
+// else a factory's `device=` index), -1 when nothing names one; -2 with torch's
+// device-mismatch error set when two tpu tensors are on different devices.
+int op_device(PyObject* vals, PyObject* name);
+
 }  // namespace torch_tpu

@@ -24,6 +24,8 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
 
+#include "device.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -39,15 +41,22 @@ namespace torch_tpu {
 
 constexpr c10::DeviceType kTPU = c10::DeviceType::PrivateUse1;
 
-// ---------------------------------------------------------------- this process's device
-// One process drives one device. Under torchrun it is tpu:{LOCAL_RANK} of LOCAL_WORLD_SIZE,
-// as CUDA scripts expect (`set_device(local_rank)`, `device_ids=[local_rank]`, device-count
-// guards); tpu:0 is another name for it, so code that puts everything on tpu:0 in every
-// process (the TorchTPU idiom) runs too, and tensors made through either name share one
-// device and combine. Every tpu tensor reports the process's own index. Read once when the
-// module loads, before any storage exists (docs/DEVICES.md has the why).
+// ---------------------------------------------------------------- this process's devices
+// Under a launcher (torchrun, Slurm, a process group joined before the start) one process
+// drives one device: tpu:{LOCAL_RANK} of LOCAL_WORLD_SIZE, as CUDA scripts expect
+// (`set_device(local_rank)`, `device_ids=[local_rank]`, device-count guards); tpu:0 is
+// another name for it, so code that puts everything on tpu:0 in every process (the
+// TorchTPU idiom) runs too, and tensors made through either name share one device. Every
+// tpu tensor reports the process's own index. Read once when the module loads, before any
+// storage exists (docs/DEVICES.md has the why).
+//
+// A process alone with several local devices drives them all, as a CUDA process does
+// (set_multi): tpu:0..g_count-1 are distinct, and the current device is per thread
+// (t_device), set by the device guard and by each op for its duration (kernel.cpp).
 c10::DeviceIndex g_index = 0;
 c10::DeviceIndex g_count = 1;
+bool g_multi = false;
+thread_local c10::DeviceIndex t_device = 0;
 
 void init_local_device() {
   const char* rank = std::getenv("LOCAL_RANK");
@@ -59,12 +68,19 @@ void init_local_device() {
   g_count = static_cast<c10::DeviceIndex>(n);
 }
 
-c10::Device own_device() { return c10::Device(kTPU, g_index); }
+c10::DeviceIndex current_index() { return g_multi ? t_device : g_index; }
+c10::Device own_device() { return c10::Device(kTPU, current_index()); }
 
-// Whether a device index names this process's device; the message says what it does name.
-bool own_index(c10::DeviceIndex d) { return d == -1 || d == 0 || d == g_index; }
+// Whether a device index names a device of this process; the message says what does.
+bool own_index(c10::DeviceIndex d) {
+  if (g_multi) return d >= -1 && d < g_count;
+  return d == -1 || d == 0 || d == g_index;
+}
 
 std::string index_error(c10::DeviceIndex d) {
+  if (g_multi)
+    return "Invalid device tpu:" + std::to_string(int(d)) + ": this process has " +
+           std::to_string(int(g_count)) + " tpu devices, tpu:0 to tpu:" + std::to_string(int(g_count) - 1);
   std::string own = "tpu:" + std::to_string(int(g_index));
   std::string msg = "Invalid device tpu:" + std::to_string(int(d)) + ": this process drives " + own;
   if (g_count > 1) {
@@ -80,6 +96,19 @@ std::string index_error(c10::DeviceIndex d) {
 }
 
 void check_index(c10::DeviceIndex d) { TORCH_CHECK(own_index(d), index_error(d)); }
+
+// Make `d` this thread's current device (several devices per process; else only checked).
+void set_current(c10::DeviceIndex d) {
+  check_index(d);
+  if (g_multi && d >= 0) t_device = d;
+}
+
+// This thread's current device for the duration of a scope (an allocation on a given
+// device, an op on its inputs' device).
+DeviceScope::DeviceScope(c10::DeviceIndex d) : prev_(t_device) {
+  if (g_multi && d >= 0) t_device = d;
+}
+DeviceScope::~DeviceScope() { t_device = prev_; }
 
 // ---------------------------------------------------------------- the device allocator
 c10::Allocator* device_allocator();               // memory.cpp
@@ -158,8 +187,9 @@ REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &g_pinned_allocator)
 
 // ---------------------------------------------------------------- generator
 struct TpuGeneratorImpl : public c10::GeneratorImpl {
-  explicit TpuGeneratorImpl(uint64_t seed = c10::default_rng_seed_val)
-      : c10::GeneratorImpl(own_device(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+  explicit TpuGeneratorImpl(uint64_t seed = c10::default_rng_seed_val, c10::DeviceIndex d = -1)
+      : c10::GeneratorImpl(d < 0 ? own_device() : c10::Device(kTPU, d),
+                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
         seed_(seed) {}
   void set_current_seed(uint64_t seed) override {
     seed_ = seed;
@@ -191,7 +221,7 @@ struct TpuGeneratorImpl : public c10::GeneratorImpl {
 
  private:
   TpuGeneratorImpl* clone_impl() const override {
-    auto* g = new TpuGeneratorImpl(seed_);
+    auto* g = new TpuGeneratorImpl(seed_, device().index());
     g->offset_ = offset_;
     return g;
   }
@@ -199,9 +229,16 @@ struct TpuGeneratorImpl : public c10::GeneratorImpl {
   uint64_t offset_ = 0;
 };
 
-const at::Generator& default_generator() {
-  static at::Generator gen = at::make_generator<TpuGeneratorImpl>(c10::default_rng_seed_val);
-  return gen;
+// One default generator per device (each device's stream, as CUDA's), made on first use.
+constexpr int kMaxDevices = 64;
+const at::Generator& default_generator(c10::DeviceIndex d = -1) {
+  static at::Generator gens[kMaxDevices];
+  static std::mutex mu;
+  if (!g_multi || d < 0) d = current_index();  // (one device: every index names it)
+  check_index(d);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!gens[d].defined()) gens[d] = at::make_generator<TpuGeneratorImpl>(c10::default_rng_seed_val, d);
+  return gens[d];
 }
 
 // ---------------------------------------------------------------- python callbacks
@@ -221,6 +258,7 @@ void resize_bytes(const c10::Storage& storage, size_t newsize) {
   auto* impl = storage.unsafeGetStorageImpl();
   TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
   const bool was_realized = is_realized(storage);
+  DeviceScope on(storage.device().index());
   impl->set_data_ptr_noswap(device_allocator()->allocate(newsize));
   impl->set_nbytes(newsize);
   if (was_realized) mark_realized(storage);
@@ -230,11 +268,11 @@ void resize_bytes(const c10::Storage& storage, size_t newsize) {
 struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
-    return default_generator();
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override {
+    return default_generator(d);
   }
-  at::Generator getNewGenerator(c10::DeviceIndex) const override {
-    return at::make_generator<TpuGeneratorImpl>(c10::default_rng_seed_val);
+  at::Generator getNewGenerator(c10::DeviceIndex d) const override {
+    return at::make_generator<TpuGeneratorImpl>(c10::default_rng_seed_val, d);
   }
   at::Device getDeviceFromPtr(void*) const override { return own_device(); }
   bool isPinnedPtr(const void* data) const override {
@@ -244,13 +282,18 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   c10::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return g_count; }
-  c10::DeviceIndex getCurrentDevice() const override { return g_index; }
-  void setCurrentDevice(c10::DeviceIndex d) const override { check_index(d); }
+  c10::DeviceIndex getCurrentDevice() const override { return current_index(); }
+  void setCurrentDevice(c10::DeviceIndex d) const override { set_current(d); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
-    check_index(d);
-    return g_index;
+    const c10::DeviceIndex old = current_index();
+    set_current(d);
+    return old;
   }
-  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override { return g_index; }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override {
+    const c10::DeviceIndex old = current_index();
+    if (own_index(d)) set_current(d);
+    return old;
+  }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     resize_bytes(storage, newsize);
   }
@@ -265,14 +308,19 @@ HooksRegistrar g_hooks_registrar;
 struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kTPU; }
   c10::Device exchangeDevice(c10::Device d) const override {
-    check(d);
-    return own_device();
+    const c10::Device old = own_device();
+    if (d.has_index()) set_current(d.index());
+    return old;
   }
   c10::Device getDevice() const override { return own_device(); }
-  void setDevice(c10::Device d) const override { check(d); }
-  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  void setDevice(c10::Device d) const override {
+    if (d.has_index()) set_current(d.index());
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (g_multi && d.has_index() && d.index() >= 0 && d.index() < g_count) t_device = d.index();
+  }
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, own_device());
+    return c10::Stream(c10::Stream::DEFAULT, g_multi && d.has_index() ? d : own_device());
   }
   c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
   c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
@@ -309,6 +357,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
                                std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format) {
   check_device(device);
+  DeviceScope on(device.has_value() && device->has_index() ? device->index() : -1);
   return at::detail::empty_generic(size, device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
@@ -317,6 +366,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<at::Layout> layout, std::optional<at::Device> device,
                          std::optional<bool> pin_memory) {
   check_device(device);
+  DeviceScope on(device.has_value() && device->has_index() ? device->index() : -1);
   return at::detail::empty_strided_generic(size, stride, device_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));
@@ -383,6 +433,7 @@ at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
+  DeviceScope on(self.device().index());
   c10::Storage storage(c10::Storage::use_byte_size_t(), 0, device_allocator(), /*resizable=*/true);
   return set_storage(self, std::move(storage), 0, {0}, {});
 }
@@ -434,6 +485,30 @@ PYBIND11_MODULE(_C, m) {
   torch_tpu::init_local_device();
   m.def("local_device", []() { return std::make_pair(int(torch_tpu::g_index), int(torch_tpu::g_count)); });
   m.def("check_device_index", [](int d) { torch_tpu::check_index(static_cast<c10::DeviceIndex>(d)); });
+  // several local devices in this process (before any storage exists): tpu:0..count-1
+  m.def("set_multi", [](int count) {
+    TORCH_CHECK(count >= 1 && count <= torch_tpu::kMaxDevices, "set_multi: bad device count ", count);
+    torch_tpu::g_multi = count > 1;
+    torch_tpu::g_index = 0;
+    torch_tpu::g_count = static_cast<c10::DeviceIndex>(count);
+  });
+  // one device per process, as tpu:index of count (a process group joined before the start)
+  m.def("set_local_device", [](int index, int count) {
+    TORCH_CHECK(count >= 1 && index >= 0 && index < count, "set_local_device: bad ", index, " of ", count);
+    torch_tpu::g_multi = false;
+    torch_tpu::g_index = static_cast<c10::DeviceIndex>(index);
+    torch_tpu::g_count = static_cast<c10::DeviceIndex>(count);
+  });
+  m.def("current_index", []() { return int(torch_tpu::current_index()); });
+  m.def("multi", []() { return torch_tpu::g_multi; });
+  // set this thread's current index without checks, returning the last (a Python scope's)
+  m.def("swap_index", [](int d) {
+    const int prev = torch_tpu::current_index();
+    if (torch_tpu::g_multi && d >= 0 && d < torch_tpu::g_count) torch_tpu::t_device = static_cast<c10::DeviceIndex>(d);
+    return prev;
+  });
+  // which local device (of the runtime's) this thread's ops run on: 0 unless several
+  m.def("slot", []() { return torch_tpu::g_multi ? int(torch_tpu::t_device) : 0; });
   torch_tpu::add_scan_functions(m.ptr());
   torch_tpu::add_scan_graph_functions(m.ptr());
   torch_tpu::add_graph_functions(m.ptr());
@@ -445,10 +520,11 @@ PYBIND11_MODULE(_C, m) {
   torch_tpu::add_cpu_kernel_functions(m);
   m.attr("NATIVE_KERNELS") = py::tuple(py::cast(std::vector<std::string>(
       torch_tpu::native_kernels().begin(), torch_tpu::native_kernels().end())));
-  m.def("default_generator", []() {
+  m.def("default_generator", [](int d) {
     return py::reinterpret_steal<py::object>(
-        THPGenerator_initDefaultGenerator(torch_tpu::default_generator()));
-  });
+        THPGenerator_initDefaultGenerator(torch_tpu::default_generator(static_cast<c10::DeviceIndex>(d))));
+  }, py::arg("index") = -1);
+  m.def("set_current_index", [](int d) { torch_tpu::set_current(static_cast<c10::DeviceIndex>(d)); });
   m.def("set_sync_callback", [](py::object fn) {
     if (!torch_tpu::g_sync_fn) torch_tpu::g_sync_fn = new py::object();  // leaked: outlives interpreter teardown
     *torch_tpu::g_sync_fn = std::move(fn);

@@ -78,6 +78,7 @@ _user_line = _frames.user_line
 # storages hold the node's Lazy outputs; the storages it mutates get Lazy records too
 _record = _C.record
 _COUNTERS = metrics.counters
+_slot = _C.slot
 
 MAX_NODES = 4096       # graph-size cap: flush before a graph gets slow to compile
 MIN_PERIOD = 10        # shortest op block that counts as a loop iteration
@@ -95,8 +96,8 @@ class DeferExecutor:
     name = "defer_and_fuse"
     deferred = True
     # slots: the op kernels read nodes and in_backward at their offsets (csrc/slots.h)
-    __slots__ = ("apart", "chunk", "graphs", "ids", "in_backward", "lock", "loop", "max_nodes",
-                 "nodes", "paused_gc")
+    __slots__ = ("apart", "chunk", "device", "graphs", "ids", "in_backward", "lock", "loop",
+                 "max_nodes", "nodes", "paused_gc")
 
     def __init__(self):
         self.nodes = []  # None while a flush runs (see the top: threads)
@@ -110,6 +111,7 @@ class DeferExecutor:
         self.ids = []  # the guard's copy of the pending nodes' entry ids, extended at each look
         self.apart = [0]  # beside it: apart[i], how many of the first i compile apart
         self.graphs = set()  # ids of the compiled graphs (compile/program.py) pending
+        self.device = 0  # the tpu index of the pending graph (several devices per process)
 
     def _graph_starts(self):
         """A graph's first node: pause the cyclic GC (see the top)."""
@@ -147,6 +149,12 @@ class DeferExecutor:
         if nodes is None:  # only this thread can be in its flush: the lock is ours
             raise RuntimeError("DeferAndFuse: an op was recorded while its own thread was "
                                "flushing the pending graph")
+        device = _slot()
+        if device != self.device:  # a graph never spans two devices
+            if nodes:
+                self.flush("device")
+                nodes = self.nodes
+            self.device = device
         if not nodes:
             self._graph_starts()
         return nodes
@@ -305,7 +313,11 @@ class DeferExecutor:
                                       len(self.chunk) if self.chunk else GUARD_STEP)
             metrics.count(f"flush.{reason}")
             try:
-                fuse.flush(nodes)
+                if self.device == _slot():
+                    fuse.flush(nodes)
+                else:  # (an op on another device flushes this one's graph)
+                    with _runtime.on_device(self.device):
+                        fuse.flush(nodes)
             finally:
                 self.nodes = []
                 del nodes
@@ -384,12 +396,13 @@ _SOURCES: dict = {}
 def _source_entry(kind, n, jdt, make_raw):
     """The cached entry of a flat buffer of n elements made from one dynamic argument;
     `make_raw(n, jdt)` gives its traceable body (built on a miss only)."""
-    entry = _SOURCES.get((kind, n, jdt))
+    slot = _slot()  # (a graph's key names its entries: each device's graphs are its own)
+    entry = _SOURCES.get((kind, n, jdt, slot))
     if entry is None:
         entry = Entry(None, [((n,), _runtime.torch_dtype(jdt), None)], (("fresh",),), [])
         entry.raw = make_raw(n, jdt)
-        entry.key = (f"tpu::{kind}", ((n,), str(jdt)))
-        _SOURCES[(kind, n, jdt)] = entry
+        entry.key = (f"tpu::{kind}", ((n,), str(jdt)) if not slot else ((n,), str(jdt), slot))
+        _SOURCES[(kind, n, jdt, slot)] = entry
     return entry
 
 

@@ -18,6 +18,7 @@ from ..op import asserts, capacity, lengths  # noqa: F401  (lengths registers it
 from ..op.opcall import normalize, run_eager, scan_fast
 
 _COUNTERS = metrics.counters
+_slot = _C.slot  # several devices per process: the op's tpu index
 
 
 _ATTR = _storage.ATTR
@@ -139,7 +140,8 @@ class StrictExecutor:
         # the cached entry, or a new one (bounded LRU, precision, cache-only: _program_cache)
         entry = op_entry(plan, key, vals, True, donate)
         _COUNTERS[self.counter] += 1
-        if entry.ahead is not None and self.window is not None and not donate:  # a new program
+        # a new program (its window runs at the next sync on tpu:0's programs only)
+        if entry.ahead is not None and self.window is not None and not donate and not _slot():
             out = self.window.open(entry, bufs, dyns, vals)
             if out is not None:
                 return out

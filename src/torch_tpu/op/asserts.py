@@ -182,36 +182,38 @@ class _Segment:
     """`sources[p]`: the (entry, user line) of position p; `values`: the chain's value after
     each program linked into it, in issue order, those not yet read."""
 
-    __slots__ = ("sources", "values")
+    __slots__ = ("sources", "values", "device")
 
-    def __init__(self):
+    def __init__(self, device):
         self.sources = []
         self.values = []
+        self.device = device  # (a chain stays on one device: several per process)
 
 
 _pending: list = []   # segments with unread values, oldest first; the last one is extended
 _lock = threading.Lock()
 _GROUP = 256          # positions per segment (then a new chain: bounds what is held)
 _MAX_PENDING = 8      # unread segments before the finished ones are read at an op
-_ZERO = []            # the int64 zero a new chain starts from (made on first use)
+_ZERO: dict = {}      # device -> the int64 zero a new chain starts from (made on first use)
 
 
 def _run_linked(fn, args, sources):
     """Run a checked program linked into the chain: `fn(*args, chain)` -> its results and,
     last, the chain's new value."""
     n = len(sources)
+    device = _runtime.device()
     with _lock:  # linking, the (asynchronous) call and the new value, in one order
         seg = _pending[-1] if _pending else None
-        new = seg is None or len(seg.sources) + n > _GROUP
+        new = seg is None or len(seg.sources) + n > _GROUP or seg.device != device
         if new:
-            seg = _Segment()
+            seg = _Segment(device)
         if seg.values:
             chain = seg.values[-1]
         else:
-            if not _ZERO:  # committed, as every later value is: jit compiles a program
+            chain = _ZERO.get(device)
+            if chain is None:  # committed, as every later value is: jit compiles a program
                 # again for an argument that is not (a 1-2 s stall on a cache hit)
-                _ZERO.append(jax.device_put(jnp.zeros((), jnp.int64), _runtime.device()))
-            chain = _ZERO[0]
+                chain = _ZERO[device] = jax.device_put(jnp.zeros((), jnp.int64), device)
         outs = fn(*args, chain)
         if new:  # (only once its first program was accepted)
             _pending.append(seg)

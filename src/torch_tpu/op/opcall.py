@@ -19,6 +19,8 @@ order); any other layout (expanded, overlapping) is contiguous.
 """
 from __future__ import annotations
 
+import copy
+
 import time
 from typing import NamedTuple
 
@@ -34,6 +36,7 @@ from . import asserts, current, refusals
 
 
 _SCALARS: dict = {}
+_slot = _C.slot
 
 
 def device_scalar(v):
@@ -42,7 +45,8 @@ def device_scalar(v):
     jit converts a Python scalar argument into a new device buffer on every call (~7 us);
     a cached weak-typed array promotes exactly like the Python number and costs nothing.
     Learning rates change every step, so the cache is bounded."""
-    k = (type(v), v)
+    slot = _slot()  # (several devices per process: each its own scalars; C scans tpu:0's)
+    k = (type(v), v) if not slot else (type(v), v, slot)
     a = _SCALARS.get(k)
     if a is None:
         if len(_SCALARS) > 4096:
@@ -87,7 +91,8 @@ class DeviceMismatchError(RuntimeError):
     pass
 
 
-_OWN_DEVICE = "tpu:%d" % _C.local_device()[0]  # this process's device (docs/DEVICES.md)
+def _own_device() -> str:
+    return "tpu:%d" % _C.current_index()  # the op's device (docs/DEVICES.md)
 
 
 class Entry:
@@ -124,7 +129,7 @@ class OpPlan(OpSchema):
     """The schema's facts (lowering/schema.py), the per-key cache, and the scan and
     compile steps of the eager hot path."""
 
-    __slots__ = ("cache", "host_indices", "cspec", "precision")
+    __slots__ = ("cache", "host_indices", "cspec", "precision", "devices")
 
     def __init__(self, op, lowering):
         super().__init__(op, lowering)
@@ -135,6 +140,22 @@ class OpPlan(OpSchema):
                            self.npos, self.names, self.defaults)
         # a precision-sensitive op's cache is keyed (key, this snapshot): in C too (kernel.cpp)
         self.precision = _precision.snapshot if lowering in _precision.SENSITIVE else None
+        self.devices = None  # index -> this op's plan on tpu:index (on_device)
+
+    def on_device(self, index: int) -> "OpPlan":
+        """This op's plan for tpu:`index` of a process with several devices: the same
+        facts with a cache of its own, so its keys (which start with the plan) and programs
+        are that device's (csrc/kernel.cpp run_on_devices). tpu:0's is this plan."""
+        if index == 0:
+            return self
+        if self.devices is None:
+            self.devices = {}
+        plan = self.devices.get(index)
+        if plan is None:
+            plan = self.devices[index] = copy.copy(self)
+            plan.cache = {}
+            plan.devices = None
+        return plan
 
     def __repr__(self):
         # keys start with the plan (hashed by identity: OpOverload's hash is Python code),
@@ -244,7 +265,7 @@ class OpPlan(OpSchema):
             else:
                 raise DeviceMismatchError(
                     f"Expected all tensors to be on the same device, but found at least two "
-                    f"devices, {_OWN_DEVICE} and {t.device}! (when checking argument for "
+                    f"devices, {_own_device()} and {t.device}! (when checking argument for "
                     f"{self.name})")
         st = t.untyped_storage()
         rec = getattr(st, _storage.ATTR, None)  # set when t was just uploaded
