@@ -419,7 +419,8 @@ def _first_run(rec, fn, args):
     # below, which then also bounds what jax's lowering kept. (A donating program keeps
     # jit's call: its first call consumed the buffer that the direct call's lowering reads.)
     if rec.kind != GRAPH and not rec.donates:
-        rec.fn = _runtime.direct_call(fn, args, PROFILING)
+        with _placed():  # (its lowering is placed as the first call's was)
+            rec.fn = _runtime.direct_call(fn, args, PROFILING)
     nbytes = CPU_PROGRAM_BYTES if cpu else _code_bytes(fn, specs)
     with _lock:
         if _LRU.get(rec.ident) is rec:  # (not evicted meanwhile)

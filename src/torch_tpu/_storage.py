@@ -32,7 +32,11 @@ def record(storage, dtype):
     if rec is None:
         jdt = _runtime.jax_dtype(dtype)
         n = storage.nbytes() // jdt.itemsize
-        rec = (zeros(n, jdt), n, jdt)
+        if _C.multi():  # (on its own device, whichever device reads it first)
+            with _runtime.on_device(storage.device.index):
+                rec = (zeros(n, jdt), n, jdt)
+        else:
+            rec = (zeros(n, jdt), n, jdt)
         setattr(storage, ATTR, rec)
         realized(storage)
     return rec

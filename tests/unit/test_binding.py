@@ -183,8 +183,11 @@ def test_process_group_without_a_launcher(monkeypatch):
     monkeypatch.setattr(B, "_GROUP_LAUNCH", [])
     for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
+    switched = []  # (the device indices of this test process stay as they are)
+    monkeypatch.setattr(B._C, "set_local_device", lambda *a: switched.append(a))
     B.from_group(1, 2)  # mp.spawn: rank 1 of 2, one host
     assert B.launch() == B.Launch(1, 2, 1, 2, "process group")
+    assert switched == [(1, 2)]  # tpu:1 of 2, as under torchrun
 
 
 @pytest.mark.parametrize("requested,host,platform", [

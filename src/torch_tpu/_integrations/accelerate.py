@@ -110,8 +110,10 @@ def _set_device(original):
 
 
 def _reachable() -> list:
-    """The tpu indices this process can place a model on: its own device (docs/DEVICES.md)."""
-    return [torch.tpu.current_device()]
+    """The tpu indices this process can place a model on: every device of a process that
+    has several, else its own (docs/DEVICES.md)."""
+    count = torch.tpu.device_count()
+    return list(range(count)) if torch.tpu._multi() else [torch.tpu.current_device()]
 
 
 def _max_memory(original):

@@ -141,6 +141,8 @@ def _unsupported(model, input_ids, generation_config, synced_gpus, stopping_crit
         (kwargs.get("inputs_embeds") is not None, "a prompt given as inputs_embeds"),
         (stopping_criteria.max_length is None, "no max_length"),
         (cache is None, "no cache (use_cache=False)"),
+        (len({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}) > 1,
+         "a model dispatched over several devices (device_map)"),
     )
     for failed, why in checks:
         if failed:
@@ -333,6 +335,8 @@ def _uncapturable(model, generation_config, model_kwargs, processors, criteria, 
         (get_eager_mode() is EagerMode.DEBUG, "Debug mode runs op by op"),
         (per_step, "scores or logits returned per step"),
         (streamer is not None, "a streamer"),
+        (model.device.index not in (None, 0) and torch.tpu._multi(),
+         "a model on another device than tpu:0 (capture is tpu:0's)"),
         (type(model).prepare_inputs_for_generation is not GenerationMixin.prepare_inputs_for_generation,
          "the model's own prepare_inputs_for_generation"),
     )

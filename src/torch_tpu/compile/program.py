@@ -86,7 +86,12 @@ class Program:
         self.name = name
         self.kinds = [input_kind(x) for x in example_inputs]
         self.graph = GraphLowering(gm, [i for i, k in enumerate(self.kinds) if k == IN_CPU])
-        consts = {k: _const_array(v) for k, v in self.graph.consts.items()}
+        # its device (dynamo guards on it: a graph's inputs are on one device), which a
+        # process with several makes current for the graph's constants and calls
+        self.index = next((x.device.index or 0 for x in example_inputs
+                           if isinstance(x, torch.Tensor) and x.device.type == "tpu"), 0)
+        with _runtime.on_device(self.index):
+            consts = {k: _const_array(v) for k, v in self.graph.consts.items()}
         # a higher-order op's subgraphs (flex_attention's score_mod) are interpreted while
         # tracing, not passed to the program
         self.subgraphs = {k: v for k, v in consts.items() if isinstance(v, torch.fx.GraphModule)}
@@ -140,6 +145,12 @@ class Program:
 
     # ------------------------------------------------------------ per call
     def __call__(self, args):
+        if _C.multi() and self.index != _C.current_index():  # (several devices: its own)
+            with _runtime.on_device(self.index):
+                return self._run(args)
+        return self._run(args)
+
+    def _run(self, args):
         if self.deferrable:  # the mode runs it now (Strict) or records it (`call`'s ex)
             return executor().graph(self, args)
         flush_pending("compiled_graph")  # deferred eager work writes the buffers read here

@@ -159,10 +159,13 @@ PyObject* view_part(const at::Tensor& t, PyObject* rec, PyObject* extra, bool dy
 
 PyObject* number_part(PyObject* v, PyObject* dyns) {
   PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(v));
-  PyObject* k = PyTuple_Pack(2, type, v);
-  if (k == nullptr) return nullptr;
-  PyObject* a = PyDict_GetItemWithError(g_scalars, k);  // borrowed
-  Py_DECREF(k);
+  PyObject* a = nullptr;
+  if (!g_multi || current_index() == 0) {  // (another device's scalars: device_scalar keys them)
+    PyObject* k = PyTuple_Pack(2, type, v);
+    if (k == nullptr) return nullptr;
+    a = PyDict_GetItemWithError(g_scalars, k);  // borrowed
+    Py_DECREF(k);
+  }
   if (a == nullptr) {
     if (PyErr_Occurred()) return nullptr;
     a = PyObject_CallOneArg(g_make_scalar, v);  // a new value (a learning rate's next)

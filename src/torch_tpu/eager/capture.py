@@ -112,6 +112,10 @@ class _Recorder(DeferExecutor):
         self.held = set()  # ids of those buffers (alive: `before` holds them)
 
     def execute(self, plan, vals):
+        if _C.slot():
+            raise CaptureError(
+                f"{plan.name} on tpu:{_C.slot()} (at {_where()}): a process with several "
+                "devices captures on tpu:0 only; run the region there, or without capture")
         with self.lock:
             self._note(vals)
             key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)

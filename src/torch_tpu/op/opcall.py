@@ -491,7 +491,11 @@ def _traceable_shapes(fn, parts, plan):
 
 def run_eager(plan, entry, vals, bufs, dyns):
     """Run a data-dependent-shape op on concrete arrays; returns (fresh specs, flat outs)."""
-    raw, _ = entry.eager_fn(bufs, dyns, None)
+    if _slot():  # (its eager jnp ops make their arrays on JAX's default device)
+        with jax.default_device(_runtime.device()):
+            raw, _ = entry.eager_fn(bufs, dyns, None)
+    else:
+        raw, _ = entry.eager_fn(bufs, dyns, None)
     fresh = [(tuple(x.shape), _runtime.torch_dtype(x.dtype), None) for x in raw]
     outs = [x.reshape(-1) for x in raw]
     if entry.mut_slots:
