@@ -1,7 +1,7 @@
 """Big-model loading as a CUDA user writes it: `from_pretrained(..., device_map=...)`
 (accelerate's placement), then generate(). A small random Llama is saved and reloaded;
-every placement must put the weights on the device (never silently on the CPU) and
-generate the CPU's tokens. Prints one `RESULT {json}` line."""
+every placement must put the weights on the devices (never silently on the CPU) and
+generate the CPU's tokens; with several devices, limits spread the layers over them. Prints one `RESULT {json}` line."""
 import json
 import tempfile
 
@@ -16,17 +16,20 @@ LlamaForCausalLM(cfg).save_pretrained(folder)
 ids = torch.tensor([[1, 5, 9, 17, 33]])
 reference = AutoModelForCausalLM.from_pretrained(folder).generate(ids, max_new_tokens=8,
                                                                   do_sample=False)
-out = {}
-for name, device_map, max_memory in [("auto", "auto", None), ("balanced", "balanced", None),
-                                     ("index", {"": 0}, None),
-                                     ("auto_limits", "auto", {0: "2GiB", "cpu": "4GiB"})]:
+count = torch.accelerator.device_count()
+cases = [("auto", "auto", None), ("balanced", "balanced", None), ("index", {"": count - 1}, None),
+         ("auto_limits", "auto", {0: "2GiB", "cpu": "4GiB"})]
+if count > 1:  # limits that leave a layer or two per device: the model spread over them
+    cases.append(("split", "auto", {**{i: "120KB" for i in range(count - 1)}, count - 1: "1GB"}))
+out = {"count": count}
+for name, device_map, max_memory in cases:
     model = AutoModelForCausalLM.from_pretrained(folder, device_map=device_map,
                                                  max_memory=max_memory)
     tokens = model.generate(ids.to(model.device), max_new_tokens=8, do_sample=False)
     out[name] = {"devices": sorted({str(p.device) for p in model.parameters()}),
                  "same_tokens": torch.equal(tokens.cpu(), reference)}
 try:
-    AutoModelForCausalLM.from_pretrained(folder, device_map="auto", max_memory={1: "1GiB"})
+    AutoModelForCausalLM.from_pretrained(folder, device_map="auto", max_memory={count: "1GiB"})
     out["other_index"] = "loaded"
 except ValueError as e:
     out["other_index"] = str(e)

@@ -127,6 +127,8 @@ class DeferExecutor:
         if held is not capacity.PASS:
             return held
         with self.lock:
+            if self.nodes and self.device != _slot():  # (before the scan: it draws seeds)
+                self.flush("device")
             while True:
                 nodes = self.nodes
                 key, bufs, dyns = scan_fast(plan, vals) or plan.scan(vals)
