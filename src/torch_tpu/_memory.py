@@ -107,7 +107,7 @@ def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes: the capacity less what live tpu tensors hold or, in
     DeferAndFuse, will hold at the next flush (torch.accelerator.get_memory_info agrees)."""
     total = capacity()
-    return max(0, total - _C.memory_reserved()), total
+    return max(0, total - _C.memory_reserved(_index(device))), total
 
 
 def set_per_process_memory_fraction(fraction, device=None) -> None:
@@ -129,16 +129,27 @@ def get_per_process_memory_fraction(device=None) -> float:
 def memory_allocated(device=None) -> int:
     """Bytes of the tpu storages whose XLA buffer exists (DeferAndFuse's pending results
     count once their flush has run)."""
-    return _C.memory_allocated()
+    return _C.memory_allocated(_index(device))
 
 
 def memory_reserved(device=None) -> int:
     """Bytes of every live tpu storage, pending DeferAndFuse results included: what the
     capacity bounds."""
-    return _C.memory_reserved()
+    return _C.memory_reserved(_index(device))
 
 
-# `device`: this process's device, by any name (docs/DEVICES.md)
+def _index(device) -> int:
+    """A device argument's index: -1 (the current device) for None or "tpu"; each device of
+    a process that has several is counted apart, one device under any name."""
+    if device is None:
+        return -1
+    if isinstance(device, (str, torch.device)):
+        device = torch.device(device)
+        return -1 if device.index is None else device.index
+    return int(device)
+
+
+# `device`: one of this process's devices, by any name (docs/DEVICES.md)
 def memory_stats(device=None) -> dict:
     """CUDA's statistics (`allocated_bytes.all.current`, `reserved_bytes.all.peak`,
     `num_ooms`, ...), as torch.accelerator.memory_stats gives them. Only the `all` pool is

@@ -74,6 +74,8 @@ def test_tensors_devices_copies_and_errors(tmp_path, mode):
                               "inner": [3], "moved": [1], "dst": [3], "cast": [2], "a": [1],
                               "b": [2], "weight": [1], "grad": [1], "adam": [1]}
     assert got["direct_fallbacks"] == 0
+    assert got["memory_grown"] == [0, 0, 0, 1 << 22], got["memory_grown"]
+    assert got["peak_3"] and got["free_less_on_3"]
 
 
 @pytest.fixture(scope="module")

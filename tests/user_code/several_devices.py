@@ -55,6 +55,18 @@ out["rng_same_seed"] = torch.equal(a.cpu(), b.cpu())
 out["rng_restored"] = torch.equal(c.cpu(), c2.cpu())
 out["rng_states"] = len(torch.cuda.get_rng_state_all())
 
+# memory per device: a 4 MiB tensor on cuda:3 counts there only
+before = [torch.cuda.memory_allocated(i) for i in range(4)]
+big = torch.zeros(1 << 20, device="cuda:3")
+torch.cuda.synchronize()
+grown = [torch.cuda.memory_allocated(i) - before[i] for i in range(4)]
+out["memory_grown"] = grown
+out["peak_3"] = torch.cuda.max_memory_allocated(3) >= (1 << 22)
+free3, total3 = torch.cuda.mem_get_info(3)
+free0, total0 = torch.cuda.mem_get_info(0)
+out["free_less_on_3"] = total3 - free3 >= (1 << 22) and free0 - free3 >= (1 << 22) - (1 << 16)
+del big
+
 # a layer trained on cuda:1
 torch.manual_seed(0)
 layer = torch.nn.Linear(3, 2).to("cuda:1")

@@ -11,6 +11,8 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <torch/csrc/Storage.h>
 
+#include "device.h"
+
 #include <algorithm>
 #include <atomic>
 #include <sstream>
@@ -67,11 +69,24 @@ struct Counter {  // a c10 Stat that many threads update
     return s;
   }
 };
-Counter g_allocated;     // bytes of storages whose XLA buffer exists
-Counter g_allocations;   // how many such storages
-Counter g_reserved;      // bytes of every live storage: what the limit bounds
-Counter g_reservations;  // how many live storages
-std::atomic<int64_t> g_num_ooms{0};
+// Per device (a process with several counts each apart, as CUDA's allocator; one device:
+// all in the first):
+struct DeviceCounters {
+  Counter allocated;     // bytes of storages whose XLA buffer exists
+  Counter allocations;   // how many such storages
+  Counter reserved;      // bytes of every live storage: what the limit bounds
+  Counter reservations;  // how many live storages
+  std::atomic<int64_t> num_ooms{0};
+};
+constexpr int kCounted = 64;
+DeviceCounters g_counters[kCounted];
+
+// The counters of tpu:d (-1: the current device).
+DeviceCounters& counters(c10::DeviceIndex d) {
+  if (!g_multi) return g_counters[0];
+  if (d < 0) d = current_index();
+  return g_counters[d >= 0 && d < kCounted ? d : 0];
+}
 // The device's capacity and what this process may reserve of it (capacity x
 // set_per_process_memory_fraction), in bytes; -1 until _memory.py says, which the first
 // allocation asks for (it starts the device, as CUDA's first allocation initializes CUDA).
@@ -92,6 +107,7 @@ struct AllocInfo {
   size_t nbytes;
   std::atomic<bool> realized;
   uintptr_t addr;
+  DeviceCounters* counted;  // its device's
 };
 
 // ---------------------------------------------------------------- memory history
@@ -125,22 +141,22 @@ void learn_capacity() {
   }
 }
 
-// Take n bytes under the limit; false when they do not fit.
-bool reserve(int64_t n) {
+// Take n bytes of a device under the limit; false when they do not fit.
+bool reserve(DeviceCounters& c, int64_t n) {
   const int64_t limit = g_limit.load(std::memory_order_relaxed);
-  int64_t cur = g_reserved.current.load(std::memory_order_relaxed);
+  int64_t cur = c.reserved.current.load(std::memory_order_relaxed);
   do {
     if (limit >= 0 && n > limit - cur) return false;
-  } while (!g_reserved.current.compare_exchange_weak(cur, cur + n));
-  g_reserved.raise_peak(cur + n);
-  g_reserved.allocated += n;
-  g_reservations.add(1);
+  } while (!c.reserved.current.compare_exchange_weak(cur, cur + n));
+  c.reserved.raise_peak(cur + n);
+  c.reserved.allocated += n;
+  c.reservations.add(1);
   return true;
 }
 
-void count_realized(int64_t n) {
-  g_allocated.add(n);
-  g_allocations.add(1);
+void count_realized(DeviceCounters& c, int64_t n) {
+  c.allocated.add(n);
+  c.allocations.add(1);
 }
 
 PyObject* user_line(PyObject*, PyObject*);  // frames.cpp: (file, line) of the user's frame
@@ -166,7 +182,8 @@ std::string user_location() {
 // much. Counts one OOM.
 std::string out_of_memory_message(int64_t n, const std::string& cause) {
   using c10::CachingAllocator::format_size;
-  ++g_num_ooms;
+  DeviceCounters& c = counters(-1);
+  ++c.num_ooms;
   record_event("oom", 0, n);
   if (g_capacity.load() < 0) {  // (XLA ran out before any tpu storage was allocated)
     try {
@@ -175,10 +192,10 @@ std::string out_of_memory_message(int64_t n, const std::string& cause) {
     }
   }
   const int64_t cap = g_capacity.load(), limit = g_limit.load();
-  const int64_t reserved = g_reserved.current.load(), allocated = g_allocated.current.load();
+  const int64_t reserved = c.reserved.current.load(), allocated = c.allocated.current.load();
   std::ostringstream os;
   os << "tpu out of memory. Tried to allocate " << (n >= 0 ? format_size(n) : "more")
-     << " (tpu:" << int(g_index) << "; ";
+     << " (tpu:" << int(current_index()) << "; ";
   if (cap >= 0) os << format_size(cap) << " total capacity; ";
   os << format_size(reserved) << " already allocated";
   if (reserved > allocated)
@@ -197,11 +214,12 @@ void tpu_delete(void* ctx) {
   const auto n = static_cast<int64_t>(info->nbytes);
   if (n > 0) {
     record_event("free_completed", info->addr, n);
-    g_reserved.sub(n);
-    g_reservations.sub(1);
+    DeviceCounters& c = *info->counted;
+    c.reserved.sub(n);
+    c.reservations.sub(1);
     if (info->realized.load()) {
-      g_allocated.sub(n);
-      g_allocations.sub(1);
+      c.allocated.sub(n);
+      c.allocations.sub(1);
     }
   }
   delete info;
@@ -211,17 +229,18 @@ struct TpuAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     TORCH_CHECK(!in_bad_fork(), g_fork_message);
     const auto n = static_cast<int64_t>(nbytes);
+    DeviceCounters& c = counters(-1);
     if (n > 0) {
       if (g_limit.load(std::memory_order_relaxed) < 0) learn_capacity();
-      TORCH_CHECK_WITH(OutOfMemoryError, reserve(n), out_of_memory_message(n, ""));
+      TORCH_CHECK_WITH(OutOfMemoryError, reserve(c, n), out_of_memory_message(n, ""));
     }
     // Every storage gets its own address range, so data_ptr()-based identity checks
     // (HF's shared-tensor detection, torch.save's storage dedup) see distinct storages.
     size_t span = ((nbytes + 63) / 64) * 64 + 64;
     void* addr = reinterpret_cast<void*>(g_next_addr.fetch_add(span));
     const bool realized = !g_lazy_alloc.load(std::memory_order_relaxed);
-    auto* info = new AllocInfo{nbytes, realized, reinterpret_cast<uintptr_t>(addr)};
-    if (realized && n > 0) count_realized(n);
+    auto* info = new AllocInfo{nbytes, realized, reinterpret_cast<uintptr_t>(addr), &c};
+    if (realized && n > 0) count_realized(c, n);
     if (n > 0) record_event("alloc", info->addr, n);
     return {addr, info, &tpu_delete, own_device()};
   }
@@ -234,34 +253,38 @@ struct TpuAllocator final : c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t) override {}
   // Every tpu program is ordered by its data (one implicit stream): nothing to record.
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
-  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override {
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {
+    DeviceCounters& c = counters(d);
     c10::CachingDeviceAllocator::DeviceStats s;
     constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-    s.allocated_bytes[all] = s.active_bytes[all] = s.requested_bytes[all] = g_allocated.stat();
-    s.allocation[all] = s.active[all] = g_allocations.stat();
-    s.reserved_bytes[all] = g_reserved.stat();
-    s.segment[all] = g_reservations.stat();
-    s.num_ooms = g_num_ooms.load();
-    s.num_device_alloc = g_reservations.allocated.load();
-    s.num_device_free = g_reservations.freed.load();
+    s.allocated_bytes[all] = s.active_bytes[all] = s.requested_bytes[all] = c.allocated.stat();
+    s.allocation[all] = s.active[all] = c.allocations.stat();
+    s.reserved_bytes[all] = c.reserved.stat();
+    s.segment[all] = c.reservations.stat();
+    s.num_ooms = c.num_ooms.load();
+    s.num_device_alloc = c.reservations.allocated.load();
+    s.num_device_free = c.reservations.freed.load();
     return s;
   }
-  void resetAccumulatedStats(c10::DeviceIndex) override {
-    for (Counter* c : {&g_allocated, &g_allocations, &g_reserved, &g_reservations}) {
-      c->allocated = 0;
-      c->freed = 0;
+  void resetAccumulatedStats(c10::DeviceIndex d) override {
+    DeviceCounters& c = counters(d);
+    for (Counter* k : {&c.allocated, &c.allocations, &c.reserved, &c.reservations}) {
+      k->allocated = 0;
+      k->freed = 0;
     }
-    g_num_ooms = 0;
+    c.num_ooms = 0;
   }
-  void resetPeakStats(c10::DeviceIndex) override {
-    for (Counter* c : {&g_allocated, &g_allocations, &g_reserved, &g_reservations})
-      c->peak = c->current.load();
+  void resetPeakStats(c10::DeviceIndex d) override {
+    DeviceCounters& c = counters(d);
+    for (Counter* k : {&c.allocated, &c.allocations, &c.reserved, &c.reservations})
+      k->peak = k->current.load();
   }
-  // (free, total): the capacity less what live tensors reserve, as _memory.mem_get_info
-  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex) override {
+  // (free, total): the device's capacity less what its live tensors reserve, as
+  // _memory.mem_get_info
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex d) override {
     if (g_capacity.load() < 0) learn_capacity();
     const int64_t cap = std::max<int64_t>(0, g_capacity.load());
-    const int64_t free = std::max<int64_t>(0, cap - g_reserved.current.load());
+    const int64_t free = std::max<int64_t>(0, cap - counters(d).reserved.current.load());
     return {static_cast<size_t>(free), static_cast<size_t>(cap)};
   }
 };
@@ -277,7 +300,7 @@ void mark_realized(const c10::Storage& storage) {
   AllocInfo* info = alloc_info(storage);
   bool was = false;
   if (info != nullptr && info->realized.compare_exchange_strong(was, true) && info->nbytes > 0)
-    count_realized(static_cast<int64_t>(info->nbytes));
+    count_realized(*info->counted, static_cast<int64_t>(info->nbytes));
 }
 
 bool is_realized(const c10::Storage& storage) {
@@ -289,8 +312,10 @@ c10::Allocator* device_allocator() { return &g_allocator; }
 
 void add_memory_functions(PyObject* module) {
   py::module_ m = py::reinterpret_borrow<py::module_>(module);
-  m.def("memory_allocated", []() { return g_allocated.current.load(); });
-  m.def("memory_reserved", []() { return g_reserved.current.load(); });
+  m.def("memory_allocated", [](int d) { return counters(static_cast<c10::DeviceIndex>(d)).allocated.current.load(); },
+        py::arg("device") = -1);
+  m.def("memory_reserved", [](int d) { return counters(static_cast<c10::DeviceIndex>(d)).reserved.current.load(); },
+        py::arg("device") = -1);
   m.def("set_memory_capacity", [](int64_t capacity, int64_t limit, std::string hint) {
     g_oom_hint = std::move(hint);
     g_capacity = capacity;
