@@ -101,21 +101,16 @@ def _factory_resize(op, out, shape) -> None:
 
 
 def _check_out_devices(outs, args, kwargs) -> None:
-    """An out= tensor (or list of them) not on tpu is refused, as torch refuses an out on
-    another device than the computation's."""
+    """An out= tensor on another device than the computation's (its first tpu input's; a
+    factory's is its out's) is refused, as torch refuses it."""
+    index = _tpu_index(*args, *kwargs.values())
     for dst in outs:
         for t in dst if isinstance(dst, (list, tuple)) else (dst,):
-            if isinstance(t, torch.Tensor) and t.device.type != "tpu":
-                raise RuntimeError(f"Expected out tensor to have device "
-                                   f"{_out_device(args, kwargs)}, but got {t.device} instead")
-
-
-def _out_device(args, kwargs):
-    """The device an out= call computes on: its first tpu input's (a factory's: tpu:0)."""
-    for v in (*args, *kwargs.values(), *(x for a in args if isinstance(a, (list, tuple)) for x in a)):
-        if isinstance(v, torch.Tensor) and v.device.type == "tpu":
-            return v.device
-    return torch.device("tpu", 0)
+            if isinstance(t, torch.Tensor) and (
+                    t.device.type != "tpu" or index >= 0 and t.device.index != index):
+                where = torch.device("tpu", max(index, 0))
+                raise RuntimeError(f"Expected out tensor to have device {where}, but got "
+                                   f"{t.device} instead")
 
 
 def resize_output(out, shape) -> None:
@@ -228,11 +223,11 @@ def copy_(self, src, non_blocking=False):
         if src.device.type == "tpu" and src.device != self.device:
             src = to_device(src, self.device.index)
         with _runtime.on_device(self.device.index):
-            return _copy(self, src)
-    return _copy(self, src)
+            return _copy(self, src, non_blocking)
+    return _copy(self, src, non_blocking)
 
 
-def _copy(self, src):
+def _copy(self, src, non_blocking):
     if self.device.type == "tpu":
         if src.device.type != "tpu":
             if src.device.type != "cpu":
@@ -244,7 +239,7 @@ def _copy(self, src):
         write = getattr(current.executor(), "write_in_place", None)  # (Strict only)
         if write is not None and write(_copy_plan(), self, src):
             return self
-        return _copy_kernel()(self, src)
+        return _copy_kernel()(self, src, non_blocking)
     # tpu -> cpu
     self.copy_(to_cpu(src))
     return self

@@ -122,7 +122,12 @@ def _select_devices() -> list:
     except RuntimeError as e:
         raise BINDING.start_error(e) from e
     BINDING.check_started(devices[0].platform, _jax_internals.backend_errors())
-    if _C.local_device() == (0, len(devices)) and BINDING.run is None:
+    if _C.multi():  # (its device count was read off the host before the start)
+        if len(devices) != _C.local_device()[1]:
+            raise _binding.BindingError(
+                f"torch_tpu: this process expected {_C.local_device()[1]} local "
+                f"{BINDING.platform} devices (torch.tpu.device_count()), and the runtime "
+                f"started {len(devices)}")
         chosen = devices
     else:
         chosen = [devices[BINDING.ordinal(len(devices))]]

@@ -66,6 +66,7 @@ def test_tensors_devices_copies_and_errors(tmp_path, mode):
     assert got["cast"] == (base * 2).tolist() and got["cast_dtype"] == "torch.float64"
     assert got["mixed"].startswith("Expected all tensors to be on the same device, but found at "
                                    "least two devices, tpu:0 and tpu:1!")
+    assert got["mixed_out"] == "Expected out tensor to have device tpu:0, but got tpu:1 instead"
     assert got["still"] == base.sum().item() * 2
     assert got["rng_same_seed"] and got["rng_restored"] and got["rng_states"] == 4
     assert abs(got["loss"] - _cpu_loss()) <= 1e-5

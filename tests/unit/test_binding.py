@@ -215,3 +215,18 @@ def test_a_failed_accelerator_start_raises_never_falls_back():
         gpu.check_started("cpu", {})
     B.plan(TPU_HOST, env, requested="cpu", run=B.launch(env)).check_started("cpu", {})
     assert "did not start: boom" in str(b.start_error(RuntimeError("boom")))
+
+
+@pytest.mark.parametrize("host,env,count", [
+    (TPU_HOST, {}, 4),                                                    # v5e, 4 chips
+    (B.Host(tpu_chips=4, tpu_generation="tpu7x", has_tpu_runtime=True), {}, 8),  # 2 cores a chip
+    (TPU_HOST, {"TPU_VISIBLE_CHIPS": "0,1"}, 2),
+    (B.Host(has_gpu=True, has_gpu_runtime=True, gpus=8), {}, 8),
+    (B.Host(has_gpu=True, has_gpu_runtime=True, gpus=8), {"CUDA_VISIBLE_DEVICES": "0,3,5"}, 3),
+    (B.Host(), {"XLA_FLAGS": "--foo --xla_force_host_platform_device_count=4"}, 4),
+    (B.Host(), {}, 1),
+])
+def test_device_count_before_the_start(host, env, count):
+    """torch.tpu.device_count() of a process alone, read off the host without starting the
+    runtime (a parent counting devices before it spawns must not hold them)."""
+    assert B.local_devices(B.plan(host, env), host, env) == count

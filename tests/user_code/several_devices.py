@@ -41,6 +41,11 @@ try:
     out["mixed"] = "no error"
 except RuntimeError as e:
     out["mixed"] = str(e)
+try:
+    torch.add(xs[0], xs[0], out=torch.empty(2, 3, device="cuda:1"))
+    out["mixed_out"] = "no error"
+except RuntimeError as e:
+    out["mixed_out"] = str(e)
 out["still"] = (xs[0] * 2).sum().item()
 
 # per-device RNG: each device's generator, seeded alike, draws alike; states per device
