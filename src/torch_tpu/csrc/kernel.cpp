@@ -162,6 +162,7 @@ struct KernelObject {
   PyObject* spec;   // plan.cspec: what normalize and scan read
   PyObject* cache;  // plan.cache: key -> Entry
   PyObject* precision;  // plan.precision: the settings snapshot of a sensitive op, or null
+  PyObject* devices;    // index -> this op's kernel on tpu:index (run_on_devices), or null
 };
 
 // op/current.py's state, cached (set_current_executors):
@@ -345,34 +346,46 @@ done:
 }
 
 // Several devices per process: the op runs with its values' device current (CUDA's
-// device guard), so its results, uploads and constants are made there. tpu:0's ops take
-// the fast paths above until an op ran on another device; from then on every op goes
-// through Python's execute (DeferAndFuse flushes there when the device changes: a graph
-// never spans two), with the plan for the op's device (OpPlan.on_device: its own cache, so
-// its programs are compiled for that device). Python's execute costs ~3 us an op more.
-bool g_other_devices = false;
+// device guard), so its results, uploads and constants are made there, by the op's kernel
+// for that device (its plan: OpPlan.on_device, with a cache of its own, so its programs
+// are compiled for that device). Strict takes its fast path on every device. DeferAndFuse
+// records in C until an op ran on another device than tpu:0; from then on its ops go
+// through Python's execute, which flushes the pending graph when the device changes (a
+// graph never spans two).
 PyObject* g_on_device = nullptr;  // "on_device"
+
+// The op's kernel on tpu:d (d > 0), made on first use (borrowed), or null with an error.
+KernelObject* kernel_for(KernelObject* k, int d) {
+  if (k->devices == nullptr && (k->devices = PyDict_New()) == nullptr) return nullptr;
+  PyObject* index = PyLong_FromLong(d);
+  if (index == nullptr) return nullptr;
+  PyObject* found = PyDict_GetItemWithError(k->devices, index);  // borrowed
+  if (found == nullptr && !PyErr_Occurred()) {
+    if (g_on_device == nullptr && (g_on_device = PyUnicode_InternFromString("on_device")) == nullptr) {
+      Py_DECREF(index);
+      return nullptr;
+    }
+    PyObject* plan = PyObject_CallMethodOneArg(k->plan, g_on_device, index);
+    PyObject* made = plan == nullptr ? nullptr : PyObject_CallOneArg(reinterpret_cast<PyObject*>(Py_TYPE(k)), plan);
+    Py_XDECREF(plan);
+    if (made != nullptr && PyDict_SetItem(k->devices, index, made) == 0) found = made;
+    Py_XDECREF(made);  // (the dict holds it)
+  }
+  Py_DECREF(index);
+  return reinterpret_cast<KernelObject*>(found);
+}
 
 PyObject* run_on_devices(KernelObject* k, PyObject* ex, PyObject* vals) {
   const int d = op_device(vals, k->plan);
   if (d == -2) return nullptr;
   DeviceScope on(static_cast<c10::DeviceIndex>(d));
   const int cur = current_index();
-  g_other_devices = g_other_devices || cur != 0;
-  if (!g_other_devices) {  // (inside this scope: the op's results are made on tpu:0)
-    PyObject* r = ex == g_defer ? record_deferred(k, ex, vals) : ex == g_strict ? run_strict(k, vals) : NOT_HERE;
-    return r == NOT_HERE ? execute_in_python(ex, k->plan, vals) : r;
-  }
-  if (g_on_device == nullptr && (g_on_device = PyUnicode_InternFromString("on_device")) == nullptr)
-    return nullptr;
-  PyObject* index = PyLong_FromLong(cur);
-  if (index == nullptr) return nullptr;
-  PyObject* plan = PyObject_CallMethodOneArg(k->plan, g_on_device, index);
-  Py_DECREF(index);
-  if (plan == nullptr) return nullptr;
-  PyObject* result = execute_in_python(ex, plan, vals);
-  Py_DECREF(plan);
-  return result;
+  KernelObject* kk = cur == 0 ? k : kernel_for(k, cur);
+  if (kk == nullptr) return nullptr;
+  PyObject* r = ex == g_strict                       ? run_strict(kk, vals)
+                : ex == g_defer && !g_other_devices ? record_deferred(kk, ex, vals)
+                                                     : NOT_HERE;
+  return r == NOT_HERE ? execute_in_python(ex, kk->plan, vals) : r;
 }
 
 // The op with its argument values in schema order: record it (DeferAndFuse, cached
@@ -437,6 +450,7 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->spec = spec;
   self->cache = cache;
   self->precision = precision;
+  self->devices = nullptr;
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -446,6 +460,7 @@ void kernel_dealloc(PyObject* o) {
   Py_XDECREF(self->spec);
   Py_XDECREF(self->cache);
   Py_XDECREF(self->precision);
+  Py_XDECREF(self->devices);
   PyTypeObject* type = Py_TYPE(o);
   type->tp_free(o);
   Py_DECREF(type);

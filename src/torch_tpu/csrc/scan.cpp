@@ -408,9 +408,6 @@ PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs) {
 }
 
 PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals) {
-  // another device than tpu:0 (several per process): its scalars and constants are that
-  // device's, which OpPlan.scan's Python keeps (opcall.device_scalar)
-  if (g_multi && current_index() != 0) Py_RETURN_NONE;
   if (!PyList_Check(vals)) {
     PyErr_SetString(PyExc_TypeError, "scan(plan, vals: list)");
     return nullptr;

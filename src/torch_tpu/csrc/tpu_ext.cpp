@@ -56,7 +56,13 @@ constexpr c10::DeviceType kTPU = c10::DeviceType::PrivateUse1;
 c10::DeviceIndex g_index = 0;
 c10::DeviceIndex g_count = 1;
 bool g_multi = false;
+bool g_other_devices = false;
 thread_local c10::DeviceIndex t_device = 0;
+
+void make_current(c10::DeviceIndex d) {  // (several devices: d checked)
+  t_device = d;
+  if (d != 0) g_other_devices = true;
+}
 
 void init_local_device() {
   const char* rank = std::getenv("LOCAL_RANK");
@@ -100,13 +106,13 @@ void check_index(c10::DeviceIndex d) { TORCH_CHECK(own_index(d), index_error(d))
 // Make `d` this thread's current device (several devices per process; else only checked).
 void set_current(c10::DeviceIndex d) {
   check_index(d);
-  if (g_multi && d >= 0) t_device = d;
+  if (g_multi && d >= 0) make_current(d);
 }
 
 // This thread's current device for the duration of a scope (an allocation on a given
 // device, an op on its inputs' device).
 DeviceScope::DeviceScope(c10::DeviceIndex d) : prev_(t_device) {
-  if (g_multi && d >= 0) t_device = d;
+  if (g_multi && d >= 0) make_current(d);
 }
 DeviceScope::~DeviceScope() { t_device = prev_; }
 
@@ -317,7 +323,7 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     if (d.has_index()) set_current(d.index());
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
-    if (g_multi && d.has_index() && d.index() >= 0 && d.index() < g_count) t_device = d.index();
+    if (g_multi && d.has_index() && d.index() >= 0 && d.index() < g_count) make_current(d.index());
   }
   c10::Stream getStream(c10::Device d) const override {
     return c10::Stream(c10::Stream::DEFAULT, g_multi && d.has_index() ? d : own_device());
@@ -504,7 +510,7 @@ PYBIND11_MODULE(_C, m) {
   // set this thread's current index without checks, returning the last (a Python scope's)
   m.def("swap_index", [](int d) {
     const int prev = torch_tpu::current_index();
-    if (torch_tpu::g_multi && d >= 0 && d < torch_tpu::g_count) torch_tpu::t_device = static_cast<c10::DeviceIndex>(d);
+    if (torch_tpu::g_multi && d >= 0 && d < torch_tpu::g_count) torch_tpu::make_current(static_cast<c10::DeviceIndex>(d));
     return prev;
   });
   // which local device (of the runtime's) this thread's ops run on: 0 unless several
