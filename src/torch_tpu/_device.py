@@ -101,11 +101,6 @@ def synchronize(device=None) -> None:
     asserts.check(wait=True)  # device-side asserts (op/asserts.py)
 
 
-def _multi() -> bool:
-    """Whether this process drives several devices (tpu:0..N-1 distinct), not one."""
-    return _C.multi()
-
-
 def _indices() -> range:
     """The distinct devices' indices: all of a process's several, else its one."""
     return range(device_count()) if _C.multi() else range(current_device(), current_device() + 1)
@@ -207,7 +202,6 @@ _PUBLIC = [
     "get_device_properties", "get_device_capability", "manual_seed", "manual_seed_all",
     "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
     "get_rng_state_all", "set_rng_state_all", "get_amp_supported_dtype", "is_bf16_supported",
-    "_multi",
 ]
 
 

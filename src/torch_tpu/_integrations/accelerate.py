@@ -43,7 +43,7 @@ import inspect
 
 import torch
 
-from .. import _on_import, _patches
+from .. import _C, _on_import, _patches
 from .._patches import Patch
 
 WRITTEN_AGAINST = "1.15.0"
@@ -113,7 +113,7 @@ def _reachable() -> list:
     """The tpu indices this process can place a model on: every device of a process that
     has several, else its own (docs/DEVICES.md)."""
     count = torch.tpu.device_count()
-    return list(range(count)) if torch.tpu._multi() else [torch.tpu.current_device()]
+    return list(range(count)) if _C.multi() else [torch.tpu.current_device()]
 
 
 def _max_memory(original):

@@ -69,7 +69,7 @@ import time
 
 import torch
 
-from .. import _buckets, _config, _on_import, _patches, metrics
+from .. import _C, _buckets, _config, _on_import, _patches, metrics
 from ..eager import capture
 from .._patches import Patch
 
@@ -335,7 +335,7 @@ def _uncapturable(model, generation_config, model_kwargs, processors, criteria, 
         (get_eager_mode() is EagerMode.DEBUG, "Debug mode runs op by op"),
         (per_step, "scores or logits returned per step"),
         (streamer is not None, "a streamer"),
-        (model.device.index not in (None, 0) and torch.tpu._multi(),
+        (model.device.index not in (None, 0) and _C.multi(),
          "a model on another device than tpu:0 (capture is tpu:0's)"),
         (type(model).prepare_inputs_for_generation is not GenerationMixin.prepare_inputs_for_generation,
          "the model's own prepare_inputs_for_generation"),
