@@ -99,10 +99,12 @@ def launch(env=None) -> Launch | None:
 def from_group(rank: int, world: int) -> None:
     """A process group joined before the device started, with no launcher's variables
     (torch.multiprocessing.spawn, a launcher of one's own): its processes are taken to
-    share one host, rank r on local chip r (the CUDA idiom `set_device(rank)`)."""
+    share one host, rank r on local chip r (the CUDA idiom `set_device(rank)`). A process
+    that saw several devices then names its one tpu:r, as under torchrun."""
     if launch() is None and world > 1:
         _GROUP_LAUNCH.append(Launch(rank, world, rank, world, "process group"))
-        _C.set_local_device(rank, world)  # tpu:{rank} of world, as under torchrun
+        if _C.multi():  # it saw every device (the CUDA case): now tpu:{rank} of world, as
+            _C.set_local_device(rank, world)  # under torchrun; with one, tpu:0 names it
 
 
 # ---------------------------------------------------------------- TPU generations

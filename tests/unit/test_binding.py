@@ -185,6 +185,7 @@ def test_process_group_without_a_launcher(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     switched = []  # (the device indices of this test process stay as they are)
     monkeypatch.setattr(B._C, "set_local_device", lambda *a: switched.append(a))
+    monkeypatch.setattr(B._C, "multi", lambda: True)  # (it saw every device)
     B.from_group(1, 2)  # mp.spawn: rank 1 of 2, one host
     assert B.launch() == B.Launch(1, 2, 1, 2, "process group")
     assert switched == [(1, 2)]  # tpu:1 of 2, as under torchrun
