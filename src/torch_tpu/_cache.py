@@ -22,11 +22,12 @@ eager executor, counts jitted functions it creates, whether or not XLA then comp
 `watch()` hands the same outcomes, per executable, to whoever is compiling a program on
 this thread (_program_cache.py: the disk hits of each program).
 
-Shipping programs (docs/SHIPPING_PROGRAMS.md): inside `watch(record=True)` (the programs
-of torch.compile graphs) each executable that passes through this cache, written or read,
-is also recorded into PyTorch's mega-cache as an `XlaArtifact` (type "torch_tpu_xla": its
-key and the checksummed entry, as the file holds it), so that
-`torch.compiler.save_cache_artifacts()` carries it. `load_cache_artifacts()` in another
+Shipping programs (docs/SHIPPING_PROGRAMS.md): each executable that passes through this
+cache, written after a compile or read, is also recorded (once per key) into PyTorch's
+mega-cache as an `XlaArtifact` (type "torch_tpu_xla": its key and the checksummed entry, as
+the file holds it), so that `torch.compiler.save_cache_artifacts()` carries every program
+the process obtained: torch.compile graphs, eager ops, fused graphs, uploads and captures.
+`load_cache_artifacts()` in another
 process verifies each entry's checksum and writes it into this cache; with the cache off
 there, the entries are held in memory instead (a cache with no folder, that holds only
 them), so that loading still spares the compile without writing anything to disk.
@@ -56,6 +57,7 @@ _state = {"dir": None, "cache": None, "listening": False}
 _hit = threading.local()
 _loaded: dict = {}  # loaded artifacts' keys -> their entry, held in memory (None: on disk)
 _record_lock = threading.Lock()  # (compile_ahead's threads record too)
+_recorded: set = set()  # the keys recorded for the mega-cache
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a file name in the cache folder, no path
 
 
@@ -113,14 +115,15 @@ class _CheckedCache:
             except OSError:
                 pass
             return None
-        if getattr(_hit, "record", False):
-            _record(key, data)
+        _record(key, data)
         return body
 
     def put(self, key: str, value: bytes) -> None:
         data = _frame(value)
-        if getattr(_hit, "record", False):
-            _record(key, data)
+        _record(key, data)
+        self._write(key, data)
+
+    def _write(self, key: str, data: bytes) -> None:
         if self._path is None:
             return
         f = self._file(key)
@@ -180,6 +183,9 @@ def disable() -> None:
 # ---------------------------------------------------------------- shipped programs
 def _record(key: str, data: bytes) -> None:
     with _record_lock:
+        if key in _recorded:
+            return
+        _recorded.add(key)
         CacheArtifactManager.record_artifact(XlaArtifact.type(), key, data)
     metrics.count("xla.artifacts_recorded")
 
@@ -202,7 +208,7 @@ def load(key: str, data: bytes) -> None:
     if cache._path is None:
         _loaded[key] = data
     else:
-        cache.put(key, body)
+        cache._write(key, data)  # (recorded once an executable is obtained from it)
         _loaded[key] = None
     metrics.count("xla.artifacts_loaded")
 
@@ -223,20 +229,16 @@ class XlaArtifact(CacheArtifact):
 
 
 @contextlib.contextmanager
-def watch(record: bool = False):
+def watch():
     """A list that receives (from_disk, seconds) for each executable this thread obtains
-    inside the block (nested blocks also pass theirs to the outer one); with `record`,
-    the executables are also recorded for torch.compiler.save_cache_artifacts()."""
+    inside the block (nested blocks also pass theirs to the outer one)."""
     outer = getattr(_hit, "events", None)
-    outer_record = getattr(_hit, "record", False)
     mine: list = []
     _hit.events = mine
-    _hit.record = record or outer_record
     try:
         yield mine
     finally:
         _hit.events = outer
-        _hit.record = outer_record
         if outer is not None:
             outer.extend(mine)
 

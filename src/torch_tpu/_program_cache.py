@@ -28,11 +28,9 @@ it compiles here, and this module applies, once for all three:
               writes the program's StableHLO with its key and reason. Programs are named
               for profiles by what they run (`jit_aten.mm.default`, `jit_fused_12ops_...`);
               names are stable across processes, as the persistent cache's keys need
-  shipping    the executables of compiled programs (and of fused graphs that run one) are
-              recorded for torch.compiler.save_cache_artifacts (_cache.XlaArtifact);
-              eager ops' are not: torch saves compile work, a model runs hundreds of op
-              programs, and torch's recorder keeps every artifact's bytes for the life of
-              the process (the disk cache serves eager ops across processes)
+  shipping    every executable obtained is recorded for torch.compiler's
+              save_cache_artifacts (_cache.XlaArtifact, once per key): a process that
+              loads them compiles nothing it was shipped (docs/SHIPPING_PROGRAMS.md)
 
 `stats()` (torch.tpu.compile_cache_stats()) reports it all; `python -m torch_tpu report`
 prints the last runs' stats, saved into the cache folder when each process ends.
@@ -72,7 +70,7 @@ class Program:
 
     __slots__ = ("ahead", "calls", "compiled", "disk", "donates", "fn", "ident", "key", "kind",
                  "label", "name", "nbytes", "owner", "pinned", "pins", "precision", "reason",
-                 "seconds", "ships", "where", "__weakref__")  # (_AHEAD_PENDING)
+                 "seconds", "where", "__weakref__")  # (_AHEAD_PENDING)
 
     def __init__(self, kind, name, where, owner, key, reason, precision=None):
         self.kind, self.name, self.where = kind, name, where
@@ -91,9 +89,6 @@ class Program:
         self.label = None      # their profiler annotation
         self.ident = None      # its key in the LRU: id() of what its cache holds
         self.ahead = None      # compiled programs: the future of compile_ahead's work
-        # recorded for torch.compiler.save_cache_artifacts (_cache.XlaArtifact): the
-        # programs that run torch.compile graphs, not eager ops (the module doc)
-        self.ships = kind == COMPILED
         self.donates = False   # an op program that donates its first buffer (op_entry)
 
     def summary(self) -> dict:
@@ -264,9 +259,6 @@ def admit_graph(cache, key, nodes, body, donate, reason) -> Program:
             f"to {where}) has no compiled program: "
             f"{differs if changes else reason or 'no graph of these ops was compiled'}")
     rec = Program(GRAPH, name, where, cache, key, reason or "first graph of these ops")
-    # (DeferAndFuse fuses a compiled graph's call with the eager ops around it: this
-    # program is then what runs the compiled function, so it ships)
-    rec.ships = any(isinstance(op, str) and op.startswith("compiled ") for op in ops)
     body.__name__ = body.__qualname__ = name
     rec.fn = jax.jit(body, donate_argnums=donate)
     rec.label = (f"DeferAndFuse {name}", {"ops": "; ".join(distinct), "nodes": len(nodes)})
@@ -373,7 +365,7 @@ def compile_ahead(rec, specs, fn=None) -> None:
 
     def work():
         t0 = time.perf_counter()
-        with _cache.watch(rec.ships) as mine:
+        with _cache.watch() as mine:
             jitted.lower(*specs).compile()
         return mine, time.perf_counter() - t0
 
@@ -400,7 +392,7 @@ def _first_run(rec, fn, args):
     specs = _specs(args) if dump is not None or not cpu else None
     early, early_s = _await_ahead(rec)
     t0 = time.perf_counter()
-    with _cache.watch(rec.ships) as mine, _placed():
+    with _cache.watch() as mine, _placed():
         if rec.label is not None and (PROFILING[0] or _torch_profiling()):
             with annotate(rec.label[0], **rec.label[1]):
                 out = fn(*args)
