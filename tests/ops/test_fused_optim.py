@@ -1,7 +1,8 @@
-"""torch.optim's fused Adam, AdamW and SGD (fused=True) on tpu, as a training script uses them.
+"""torch.optim's fused Adam, AdamW, SGD and Adagrad (fused=True) on tpu, as a training script
+uses them.
 
 Each step is one program for the whole parameter list (`_fused_adam_`, `_fused_adamw_`,
-`_fused_sgd_`, lowering/optim.py). Its values are the foreach path's (foreach=True, the
+`_fused_sgd_`, `_fused_adagrad_`, lowering/optim.py). Its values are the foreach path's (foreach=True, the
 default on tpu) to within 1 ulp in Strict and Debug, and the fused step keeps them when
 deferred; DeferAndFuse's own foreach differs from Strict's by XLA's FMA contraction. All
 stay close to CPU's fused kernels. Also covered: capturable, a tensor learning rate, a
@@ -51,6 +52,9 @@ OPTIMIZERS = {
                                            weight_decay=0.1)),
     "sgd-dampening-maximize": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.3,
                                                      weight_decay=0.05, maximize=True)),
+    "adagrad": (torch.optim.Adagrad, dict(lr=0.1)),
+    "adagrad-decay-maximize": (torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01,
+                                                         weight_decay=0.1, maximize=True)),
 }
 # DeferAndFuse compiles a graph per distinct step: one Adam and one SGD keep the file fast
 DEFER_OPTIMIZERS = ["adamw-amsgrad-maximize", "sgd-nesterov"]
@@ -216,7 +220,8 @@ def _scaled_steps(device, name, scale, found_inf, **impl):
     return params, _values(model, opt)[len(params):], grads
 
 
-@pytest.mark.parametrize("name", ["adamw-amsgrad-maximize", "sgd-nesterov"])
+@pytest.mark.parametrize("name", ["adamw-amsgrad-maximize", "sgd-nesterov",
+                                  "adagrad-decay-maximize"])
 def test_grad_scale_unscales_and_found_inf_skips(name):
     scale = 2.0 ** 10  # GradScaler's scales are powers of two: dividing is exact
     fused = _scaled_steps("tpu", name, scale, 0, fused=True)
@@ -231,7 +236,7 @@ def test_grad_scale_unscales_and_found_inf_skips(name):
     initial, _, scaled = _scaled_steps("tpu", name, scale, 1, foreach=True)  # no step
     assert max_ulps(params, initial) == 0
     assert max_ulps(grads, scaled) == 0  # left scaled
-    if "adam" in name:  # moments untouched, and torch's Python took the step counts back
+    if "adam" in name or "adagrad" in name:  # state untouched, the step counts taken back
         assert all(not t.any() for t in state), state
 
 

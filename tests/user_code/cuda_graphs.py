@@ -5,8 +5,7 @@ step of a small language model with a static KV cache, captured and replayed onc
 token, its tokens kept on the device until the end.
 
 FORCE_CPU=1 runs the same steps eagerly on the CPU (no graphs there); GRAPHS=0 runs them
-eagerly on the accelerator; OPTIMIZER picks the optimizer (adamw, adam, sgd,
-sgd_momentum); DROPOUT=p puts dropout in the network (its masks then follow
+eagerly on the accelerator; DROPOUT=p puts dropout in the network (its masks then follow
 the device's generator: compare with the same device only). Prints "RESULT {json}".
 """
 import contextlib
@@ -33,13 +32,7 @@ def compiled_programs():
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(dropout), nn.Linear(64, 8)).to(device)
 loss_fn = nn.MSELoss()
-OPTIMIZERS = {  # OPTIMIZER=name; those with a step count are made capturable for the graph
-    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, capturable=device == "cuda"),
-    "adam": lambda p: torch.optim.Adam(p, lr=1e-2, capturable=device == "cuda"),
-    "sgd": lambda p: torch.optim.SGD(p, lr=1e-2),
-    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, nesterov=True),
-}
-optimizer = OPTIMIZERS[os.environ.get("OPTIMIZER", "adamw")](model.parameters())
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=device == "cuda")
 g = torch.Generator().manual_seed(1)
 batches = [(torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)) for _ in range(STEPS)]
 static_input = torch.randn(16, 32, generator=g).to(device)

@@ -19,8 +19,11 @@ As in CUDA:
   - random ops draw anew at every replay: the default generator's offset advances by what
     the region drew (`capture_end` gives back what capture drew), and a replay's draws
     follow the generator's seed at that moment.
-  - an optimizer steps in a captured region only with `capturable=True` (its step count
-    on the device); torch checks that for CUDA only, so tpu checks it here.
+  - an optimizer steps in a captured region as on CUDA: those whose step torch checks
+    (the ones with a step count: Adam, AdamW, NAdam, RAdam, Adamax, ASGD, Adadelta,
+    RMSprop, Rprop, Adafactor) only with `capturable=True`; SGD and Adagrad, which torch
+    does not check, as they are. torch's check looks at CUDA and XPU streams only;
+    `_patches.OPTIMIZER_CAPTURE_CHECK` makes it ask tpu's capture too.
 
 What capture cannot hold raises CaptureError naming the op and the user's line: a host
 sync (`.item()`, `.cpu()`, printing a tensor), an op whose result's shape depends on the
@@ -44,7 +47,7 @@ import weakref
 import jax
 import torch
 
-from .. import _C, _frames, _on_import, _rng, _runtime, _storage, metrics
+from .. import _C, _frames, _patches, _rng, _runtime, _storage, metrics
 from .._C import Lazy
 from .._program_cache import PROFILING, op_entry
 from ..op import current
@@ -527,26 +530,17 @@ def capturing(g: TPUGraph):
     g.capture_end()
 
 
-def _check_capturable(optimizer, args, kwargs):
-    """torch's optimizers check `capturable` under CUDA capture only; tpu's check. Only
-    those that have the option (a step count, which must then live on the device): SGD
-    and the others without one capture as they are, as on CUDA."""
-    if _CAPTURING and not all(g.get("capturable", True) for g in optimizer.param_groups):
+def _refuse_uncapturable(optimizer):
+    """torch's check in the step() of optimizers with a step count, for tpu's capture."""
+    if _CAPTURING and not all(g["capturable"] for g in optimizer.param_groups):
         raise CaptureError(
             f"Attempting torch.tpu.graph capture of step() for an instance of "
             f"{type(optimizer).__name__} but param_groups' capturable is False (at {_where()}). "
             f"Construct it with capturable=True: its step count must live on the device.")
 
 
-def _hook_optimizer_steps():
-    import torch.optim.optimizer as optimizer
+_patches.CAPTURE_REFUSALS.append(_refuse_uncapturable)
 
-    optimizer.register_optimizer_step_pre_hook(_check_capturable)
-
-
-# (torch.optim may still be loading when torch's device autoload imports torch_tpu)
-_on_import.when_imported("torch.optim.optimizer", _hook_optimizer_steps,
-                         lambda m: hasattr(m, "register_optimizer_step_pre_hook"))
 
 # torch.accelerator.Graph() on tpu makes a TPUGraph (csrc/graphs.cpp forwards to it)
 _C.set_graph_factory(lambda keep_graph: TPUGraph(keep_graph))

@@ -1,13 +1,13 @@
-"""torch's fused optimizer steps (`_fused_adam_`, `_fused_adamw_`, `_fused_sgd_`), each one
-program over the whole parameter list.
+"""torch's fused optimizer steps (`_fused_adam_`, `_fused_adamw_`, `_fused_sgd_`,
+`_fused_adagrad_`), each one program over the whole parameter list.
 
-torch.optim's Adam, AdamW and SGD with fused=True call one of these per (device, dtype)
-group, and HF Trainer's default optimizer (adamw_torch_fused) is one of them. The in-place
+torch.optim's Adam, AdamW, SGD and Adagrad with fused=True call one of these per (device,
+dtype) group, and HF Trainer's default optimizer (adamw_torch_fused) is one of them. The in-place
 overloads and their tensor-lr twins reach the functional ones lowered here by the
 registry's rule; a compiled graph that calls them holds the functional ones directly.
 
 Each element goes through the foreach path's sequence of ops (torch/optim/adam.py
-`_multi_tensor_adam`, sgd.py `_multi_tensor_sgd`), computed by the same elementwise
+`_multi_tensor_adam`, sgd.py `_multi_tensor_sgd`, adagrad.py `_multi_tensor_adagrad`), computed by the same elementwise
 lowerings, so fused=True and foreach=True agree to the bit or within 1 ulp. torch's CUDA
 kernel (cuda/fused_adam_utils.cuh) writes the same math in another order (a hand-written
 lerp, `param -= lr * wd * param`), which differs from foreach by an ulp here and there;
@@ -173,6 +173,36 @@ def _sgd(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampe
     return _skip_if_inf(found_inf, (self, grads, momentum_buffer_list), new)
 
 
+def _adagrad(with_steps: bool):
+    """`_fused_adagrad`; the float-lr overload also returns the step counts (which the
+    optimizer itself advanced before the call), the tensor-lr one does not."""
+
+    def lower(self, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps,
+              maximize, grad_scale=None, found_inf=None):
+        _check_lengths("_fused_adagrad", len(self), grads=grads, state_sums=state_sums,
+                       state_steps=state_steps)
+        lr, lr_decay, wd, eps = map(_number, (lr, lr_decay, weight_decay, eps))
+        decay = wd != 0
+        new = ([], [], [])
+        for p, g0, total, step in zip(self, grads, state_sums, state_steps):
+            p, total = _loaded(p), _loaded(total)
+            g = _unscale(_loaded(g0), grad_scale)
+            new[1].append(g0 if grad_scale is None else g)
+            if maximize:
+                g = _neg(g)
+            g = jnp.where(decay, _add(g, p, alpha=wd), g)
+            minus_clr = -lr / (1 + (_number(step) - 1) * lr_decay)
+            total = _addcmul(total, g, g, value=1)
+            std = _add(_sqrt(total), eps)
+            new[0].append(_addcdiv(p, _mul(g, minus_clr), std))
+            new[2].append(total)
+        out = _skip_if_inf(found_inf, (self, grads, state_sums), new)
+        return (*out, list(state_steps)) if with_steps else out
+
+    lower.__name__ = "_fused_adagrad"
+    return lower
+
+
 def _functional(packet):
     """The overloads that compute values (default, tensor_lr); their out= twins derive."""
     return [getattr(packet, name) for name in packet.overloads() if not name.endswith("out")]
@@ -181,3 +211,5 @@ def _functional(packet):
 lowering(*_functional(aten._fused_adam))(traced_floats(_adam(decoupled=False)))
 lowering(*_functional(aten._fused_adamw))(traced_floats(_adam(decoupled=True)))
 lowering(*_functional(aten._fused_sgd))(traced_floats(_sgd))
+lowering(aten._fused_adagrad.default)(traced_floats(_adagrad(with_steps=True)))
+lowering(aten._fused_adagrad.tensor_lr)(traced_floats(_adagrad(with_steps=False)))
