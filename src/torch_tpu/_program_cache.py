@@ -15,6 +15,8 @@ it compiles here, and this module applies, once for all three:
               its size on CPU; elsewhere the size is XLA's generated-code size. That is
               once jax's cached lowering of it is dropped, after its first call
               (_jax_internals.forget_lowerings): with it, 1.5 MB.
+  maps        and by the process's memory mappings, of which Linux allows a limited
+              number: near the limit the program bound is lowered (_maps.py)
   precision   an op whose lowering is precision-sensitive (_precision.py) is looked up
               under (key, precision snapshot) and traced with the snapshot bound
   cache-only  `set_cache_only(True)` (serving after warm-up): a miss raises CacheMissError
@@ -52,7 +54,8 @@ import weakref
 import jax
 import torch
 
-from . import _C, _cache, _config, _frames, _jax_internals, _precision, _recompiles, _runtime, metrics
+from . import (_C, _cache, _config, _frames, _jax_internals, _maps, _precision, _recompiles,
+               _runtime, metrics)
 
 OP, GRAPH, COMPILED = "op", "graph", "compiled"
 DONATED = "donated"  # an op program's lookup beside its key: it donates its first buffer
@@ -338,6 +341,25 @@ def _evict(keep=None):
         _COUNT[f"programs.{rec.kind}.evictions"] += 1
 
 
+def _bound_maps(rec) -> None:
+    """Before a program compiles or loads: past _maps.HIGH of the process's mapping limit,
+    lower the program bound to what brings the mappings to _maps.LOW; past _maps.REFUSE
+    (the process's own mappings), refuse the program (_maps.py says why)."""
+    now = _maps.count()
+    if now is None or now <= _maps.HIGH * _maps.LIMIT:
+        return
+    with _lock:
+        held = sum(h[0] for h in _held.values())
+        keep = _maps.programs_to_keep(now, held)
+        if keep < _limits["programs"]:
+            _limits["programs"] = keep
+            _COUNT["programs.map_limited"] += 1
+            _evict()
+            now = _maps.count()
+        held = sum(h[0] for h in _held.values())
+    _maps.refuse_past_limit(now, f"the {rec.kind} program {rec.name} (at {rec.where})", held)
+
+
 # ---------------------------------------------------------------- the first call
 _AHEAD: list = []  # the worker threads of compile_ahead, made on first use
 os.register_at_fork(after_in_child=_AHEAD.clear)  # a child has none of its parent's threads
@@ -357,6 +379,7 @@ def compile_ahead(rec, specs, fn=None) -> None:
     window's notes.)"""
     if rec.ahead is not None:
         return
+    _bound_maps(rec)
     jitted = rec.fn if fn is None else fn
     if not _AHEAD:
         import concurrent.futures
@@ -390,6 +413,9 @@ def _first_run(rec, fn, args):
     dump = _config.get("TORCH_TPU_DUMP_DIR")
     cpu = _runtime.platform() == "cpu"
     specs = _specs(args) if dump is not None or not cpu else None
+    _bound_maps(rec)
+    # (written before the compile too: a compile that kills the process leaves its program)
+    path = _dump(dump, rec, fn, specs) if dump is not None else None
     early, early_s = _await_ahead(rec)
     t0 = time.perf_counter()
     with _cache.watch() as mine, _placed():
@@ -420,7 +446,7 @@ def _first_run(rec, fn, args):
             _held[rec.kind][1] += nbytes
             _evict(rec.ident)
     if dump is not None:
-        _dump(dump, rec, fn, specs)
+        _dump(dump, rec, fn, specs, path)
     # jax would keep the program's lowered module as long as `fn` lives (_jax_internals)
     if not _AHEAD_PENDING:
         _jax_internals.forget_lowerings()
@@ -454,23 +480,27 @@ def _code_bytes(fn, specs):
         return CPU_PROGRAM_BYTES
 
 
-def _dump(folder, rec, fn, specs):
-    """TORCH_TPU_DUMP_DIR: the program's StableHLO, headed by its key and reason."""
+def _dump(folder, rec, fn, specs, path=None):
+    """TORCH_TPU_DUMP_DIR: the program's StableHLO, headed by its key and reason; written
+    to `path` again once it ran (its compile time known). -> the path."""
     try:
         text = fn.lower(*specs).as_text()
     except Exception as e:  # noqa: BLE001  (a dump must never break its program)
         text = f"// lowering for the dump failed: {e}"
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in rec.name)[:80]
-    path = folder / f"{os.getpid()}-{next(_seq):05d}-{rec.kind}-{safe}.mlir"
+    if path is None:
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in rec.name)[:80]
+        path = folder / f"{os.getpid()}-{next(_seq):05d}-{rec.kind}-{safe}.mlir"
     key = rec.key.hex() if isinstance(rec.key, bytes) else repr(rec.key)
     head = [f"kind: {rec.kind}", f"name: {rec.name}", f"where: {rec.where}",
             f"reason: {rec.reason}", f"precision: {rec.precision}",
-            f"compile_seconds: {rec.seconds:.6f}", f"disk_hit: {rec.disk}", f"key: {key}"]
+            f"compile_seconds: {rec.seconds:.6f}" if rec.compiled else "compile: not yet run",
+            f"disk_hit: {rec.disk}", f"key: {key}"]
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(f"// {h}\n" for h in head) + text)
     except OSError as e:
         warnings.warn(f"torch_tpu: cannot write the program dump {path}: {e}")
+    return path
 
 
 # ---------------------------------------------------------------- statistics
