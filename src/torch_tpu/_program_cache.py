@@ -345,7 +345,7 @@ def _bound_maps(rec) -> None:
     """Before a program compiles or loads: past _maps.HIGH of the process's mapping limit,
     lower the program bound to what brings the mappings to _maps.LOW; past _maps.REFUSE
     (the process's own mappings), refuse the program (_maps.py says why)."""
-    now = _maps.count()
+    now = _maps.due()
     if now is None or now <= _maps.HIGH * _maps.LIMIT:
         return
     with _lock:

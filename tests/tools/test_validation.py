@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -242,6 +243,38 @@ def test_cli_validate_conformance_runs_in_a_child():
                        text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "this run: 2 checks, 0 failed" in r.stdout
+
+
+def test_single_process_run_ends_at_a_crash_and_names_it():
+    """`--single-process` (as PyTorch's CI runs test_ops.py): a check that takes the
+    process down ends the run and is returned; restarting children (the default) would
+    go on with the next. (An op the child does not know kills it before any check runs.)"""
+    from torch_tpu_tools.validation import worker
+
+    units = [("add", "errors"), ("no_such_op", "out"), ("mul", "errors")]
+    seen = {}
+    crashed = worker.run_isolated("conformance", units, {"mode": "strict"},
+                                  lambda u, r: seen.__setitem__(u, r), restart=False)
+    assert crashed == ("no_such_op", "out"), seen
+    assert seen[crashed]["kind"] == "crash" and "the process died" in seen[crashed]["detail"]
+    assert ("mul", "errors") not in seen and seen[("add", "errors")]["status"] != "fail"
+
+    seen.clear()
+    assert worker.run_isolated("conformance", units, {"mode": "strict"},
+                               lambda u, r: seen.__setitem__(u, r)) is None
+    assert ("mul", "errors") in seen
+
+
+@pytest.mark.slow
+def test_cli_validate_conformance_single_process_over_the_sample():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "torch_tpu", "validate", "conformance", "--sample",
+                        "--single-process", "--mode", "defer_and_fuse", "--families",
+                        "out_warning", "--no-write"], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # (a name of the sample covers each of its OpInfo variants: split, split.list_args)
+    assert re.search(r"this run: \d\d+ checks, 0 failed", r.stdout), r.stdout[-2000:]
 
 
 @pytest.mark.slow

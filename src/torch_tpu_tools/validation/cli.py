@@ -12,7 +12,7 @@ import sys
 
 from ..bench import common
 from . import _env, torchtitan
-from .conformance import MODES as CONFORMANCE_MODES
+from .conformance import MODES as CONFORMANCE_MODES, SAMPLE as CONFORMANCE_SAMPLE
 
 MODES = ("strict", "debug", "defer_and_fuse")
 _WRITES = "the results (validation/*.json), VALIDATION.md and the coverage plot"
@@ -44,6 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--mode", choices=CONFORMANCE_MODES, default="strict")
     c.add_argument("--families", default="", help="comma-separated families (default: all)")
     c.add_argument("--ops", default="", help="comma-separated op_db names (default: all)")
+    c.add_argument("--sample", action="store_true",
+                   help=f"the {len(CONFORMANCE_SAMPLE)} ops of conformance.SAMPLE (common ops of "
+                        f"real models) instead of --ops")
+    c.add_argument("--single-process", action="store_true",
+                   help="every check in one child process, as PyTorch's CI runs test_ops.py: "
+                        "state one check leaves is met by the next, and a crash ends the "
+                        "run and fails it, naming the check that crashed")
     _common(c, timeout=300)
     torchtitan.add_arguments(sub.add_parser("torchtitan", help=torchtitan.HELP + " "
                                             "(docs/TORCHTITAN.md; scripts/torchtitan.sh)"))
@@ -93,7 +100,8 @@ def _ops(args) -> int:
     bad = [d for d in dtypes if d not in ops.DTYPES]
     if bad:
         raise SystemExit(f"unknown dtype(s) {bad}; choose from {list(ops.DTYPES)}")
-    selected = _shard(ops.select([n for n in args.ops.split(",") if n]), args.shard)
+    names = list(conformance.SAMPLE) if args.sample else [n for n in args.ops.split(",") if n]
+    selected = _shard(ops.select(names), args.shard)
     stored = report.load(args.out, "ops", args.mode)
     failed = None
     if args.rerun_failed:
@@ -133,7 +141,8 @@ def _conformance(args) -> int:
     bad = [f for f in families if f not in conformance.FAMILIES]
     if bad:
         raise SystemExit(f"unknown famil(ies) {bad}; choose from {list(conformance.FAMILIES)}")
-    selected = _shard(ops.select([n for n in args.ops.split(",") if n]), args.shard)
+    names = list(conformance.SAMPLE) if args.sample else [n for n in args.ops.split(",") if n]
+    selected = _shard(ops.select(names), args.shard)
     units = [(ops.op_name(o), f) for o in selected for f in families]
     run = report.new_run()
     failed = []
@@ -144,6 +153,7 @@ def _conformance(args) -> int:
         if not args.no_write:
             report.merge(args.out, "conformance", args.mode, {unit[0]: {unit[1]: r}}, run)
 
+    crashed = None
     with _progress(len(units), f"validate conformance ({args.mode})") as bar:
         if args.in_process:
             by_name = {ops.op_name(o): o for o in selected}
@@ -152,11 +162,17 @@ def _conformance(args) -> int:
                 on_result(u, conformance.check(u[1], by_name[u[0]], args.mode))
                 bar.update(1)
         else:
-            worker.run_isolated("conformance", units, {"mode": args.mode}, on_result, bar,
-                                hard_timeout=args.timeout)
+            crashed = worker.run_isolated("conformance", units, {"mode": args.mode}, on_result,
+                                          bar, hard_timeout=args.timeout,
+                                          restart=not args.single_process)
     print(f"this run: {len(units)} checks, {len(failed)} failed", *failed, sep="\n")
     if not args.no_write:
         report.write_conformance(args.out, CONFORMANCE_MODES)
+    if crashed is not None:
+        at = units.index(crashed)
+        print(f"CRASHED: the process running every check died at check {at + 1} of "
+              f"{len(units)}, {crashed[0]} {crashed[1]}; {len(units) - at - 1} did not run")
+        return 1
     return 0
 
 

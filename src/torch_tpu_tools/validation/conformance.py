@@ -43,6 +43,20 @@ MAX_SAMPLES = 16  # reference_inputs per op in `compare` (some ops have hundreds
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
           torch.int32, torch.bool, torch.complex64)
 RESIZED = "resized"  # torch's warning, and arange's own
+# `--sample`: 66 ops common in real models, every family represented (pointwise with out=,
+# reductions, matmuls, indexing with error inputs, shape ops, factories, random, losses,
+# nn functional), for the single-process run per mode (`--single-process`)
+SAMPLE = ("add", "sub", "mul", "div.no_rounding_mode", "pow", "exp", "log", "sqrt", "rsqrt",
+          "tanh", "sigmoid", "abs", "neg", "where", "clamp", "maximum", "sum", "mean", "amax",
+          "std", "var", "prod", "cumsum", "argmax", "topk", "sort", "mm", "bmm", "addmm",
+          "matmul", "baddbmm", "cat", "stack", "index_select", "gather", "scatter",
+          "index_add", "masked_fill", "masked_select", "nonzero", "transpose", "reshape",
+          "expand", "split", "chunk", "tril", "triu", "flip", "roll", "arange", "full",
+          "zeros_like", "linspace", "softmax", "log_softmax", "nn.functional.dropout",
+          "nn.functional.layer_norm", "nn.functional.gelu", "nn.functional.silu",
+          "nn.functional.linear", "nn.functional.embedding", "nn.functional.cross_entropy",
+          "nn.functional.mse_loss", "nn.functional.conv2d",
+          "nn.functional.scaled_dot_product_attention", "nn.functional.pad.constant")
 
 
 # the test of torch's test/test_ops.py (class TestCommon) each family asks what it asks

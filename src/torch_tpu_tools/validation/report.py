@@ -381,6 +381,16 @@ run merges into docs/validation/conformance-MODE.json and rewrites this page):
 
     python -m torch_tpu validate conformance --mode strict
 
+As PyTorch's CI runs test_ops.py, one process for the whole file, so that what one check
+leaves behind (programs held, buffers, pending work) meets the next and a crash shows:
+
+    python -m torch_tpu validate conformance --sample --single-process --mode defer_and_fuse
+
+runs the 66 common ops of conformance.SAMPLE in one child process; a crash ends the run and
+fails it (exit status 1), naming the check it died in. (The default restarts a child after
+a crash and counts it against that check only. A DeferAndFuse process running PyTorch's own
+TestCommon died at its ~1,700th program, out of memory mappings: _maps.py.)
+
 A column covers the ops its mode's runs covered (listed below): each, the whole database.
 Compiled, dynamo compiles every sample anew: its sweep took ~55 minutes on a 2-core machine
 in 8 shards (`--shard I/8`).

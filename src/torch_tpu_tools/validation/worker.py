@@ -19,11 +19,17 @@ from . import _env
 
 
 def run_isolated(kind: str, units: list, options: dict, on_result, progress=None,
-                 hard_timeout: float | None = None) -> None:
-    """Run every unit of `units` in children; call on_result(unit, result) for each."""
+                 hard_timeout: float | None = None, restart: bool = True) -> tuple | None:
+    """Run every unit of `units` in children; call on_result(unit, result) for each.
+    With `restart` False all run in one child, as PyTorch's CI runs a test file: a unit
+    that takes it down ends the run, and is returned (None when none did)."""
     remaining = [tuple(u) for u in units]
     while remaining:
-        remaining = _one_child(kind, remaining, options, on_result, progress, hard_timeout)
+        remaining, crashed = _one_child(kind, remaining, options, on_result, progress,
+                                        hard_timeout)
+        if crashed is not None and not restart:
+            return crashed
+    return None
 
 
 def _one_child(kind, units, options, on_result, progress, hard_timeout) -> list:
@@ -65,9 +71,10 @@ def _one_child(kind, units, options, on_result, progress, hard_timeout) -> list:
                 proc.wait()
                 _crash(current, f"killed after {hard_timeout:.0f} s without finishing",
                        "timeout", phase, on_result, progress, done)
-                return [u for u in units if u not in done]
+                return [u for u in units if u not in done], current
             if rc is None:
                 time.sleep(0.3)
+        crashed = current
         if current is not None:
             how = (f"signal {-rc}" if rc < 0 else f"exit status {rc}")
             _crash(current, f"the process died ({how})", "crash", phase, on_result, progress,
@@ -78,7 +85,7 @@ def _one_child(kind, units, options, on_result, progress, hard_timeout) -> list:
                 if u not in done:
                     _crash(u, f"worker failed to start (exit status {rc})", "crash", "cpu",
                            on_result, progress, done)
-        return [u for u in units if u not in done]
+        return [u for u in units if u not in done], crashed
 
 
 def _crash(unit, detail, kind, phase, on_result, progress, done) -> None:
