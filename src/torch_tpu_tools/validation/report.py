@@ -423,11 +423,20 @@ LDL^T format.
 
 ## Platform limits (not counted as failures of the checks above)
 
-- **float64 denormals in arithmetic.** XLA:CPU's client runs every program with
-  flush-to-zero and denormals-are-zero set, as TPUs treat denormals in hardware; no XLA flag
-  turns it off. Denormals survive every data movement (upload, download, copies, views,
-  `cat`: tests/ops/test_out_variants.py); arithmetic on them gives 0, where CPU eager keeps
-  them (`1e-300 * 1e-10` is 0.0 on tpu).
+- **Subnormal (denormal) numbers in arithmetic, on XLA:CPU.** jaxlib's CPU client runs
+  every program with flush-to-zero and denormals-are-zero set in the executing thread
+  (`tsl::port::ScopedFlushDenormal` in PJRT's CPU client, and in XLA's pool threads), and
+  nothing outside jaxlib changes it: the `xla_cpu_ftz` flag only sets LLVM's function
+  attribute, and jaxlib exports no symbol to replace. Subnormals survive every data
+  movement (upload, download, copies, views, `cat`: tests/ops/test_out_variants.py);
+  arithmetic that reads or makes one gives 0, where CPU eager keeps them (float64
+  `1e-300 * 1e-10` is 0.0 on tpu, 1e-310 on CPU; float32 below 1.2e-38 likewise). An error
+  instead of the zero would need each float result recomputed without the flush, which
+  nothing in the program can do. On the hardware: TPUs flush float32 and bfloat16
+  subnormals to zero, and have no float64 units (XLA:TPU computes float64 in pairs of
+  float32, within float32's exponent range); XLA:GPU keeps subnormals (`xla_gpu_ftz`
+  defaults to false), as CUDA does. tests/ops/test_refusals.py keeps a strict expected
+  failure that turns red once a jaxlib keeps them.
 - **Sparse layouts** (`torch.sparse_csr`, ...) have no tpu kernels: ops on them refuse with
   torch's "Could not run ... SparseCsrtpu" error.
 """
