@@ -57,12 +57,12 @@ def due() -> int | None:
     None (and None where there is no limit to keep)."""
     if LIMIT is None:
         return None
-    _due["runs"] += 1
+    _due["runs"] = runs = _due["runs"] + 1  # (threads compile too: no exact count needed)
     t = time.monotonic()
-    if _due["runs"] <= _due["skip"] and t - _due["t"] < EVERY_S:
+    if runs <= _due["skip"] and t - _due["t"] < EVERY_S:
         return None
-    now = count()
-    seen = GROWTH if _due["at"] is None else (now - _due["at"]) / _due["runs"]
+    now, at = count(), _due["at"]
+    seen = GROWTH if at is None else (now - at) / max(1, runs)
     _due.update(runs=0, at=now, t=t,
                 skip=int(max(0.0, REFUSE * LIMIT - now) / (2 * max(GROWTH, seen))))
     return now

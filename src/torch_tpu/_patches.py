@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from . import _on_import, _transfer
+from . import _transfer
 from .op import current
 
 WRITTEN_FOR = "2.13.0"  # the torch version every patch below was written against
@@ -322,28 +322,6 @@ CAPTURABLE_OPTIMIZERS = Patch(
     "`step` counter on the CPU: a host computation per param in the graph, and a transfer "
     "every step")
 
-# ---------------------------------------------------------------- torch.optim (once it is loaded)
-CAPTURE_REFUSALS: list = []  # eager/capture.py's fn(optimizer): raises inside a tpu capture
-
-
-def _capture_health_check(original):
-    def _accelerator_graph_capture_health_check(self):
-        for refuse in CAPTURE_REFUSALS:
-            refuse(self)
-        return original(self)
-    return _accelerator_graph_capture_health_check
-
-
-OPTIMIZER_CAPTURE_CHECK = Patch(
-    "torch.optim.optimizer:Optimizer._accelerator_graph_capture_health_check", "(self) -> None",
-    _capture_health_check,
-    "the optimizers that keep a step count (Adam, AdamW, NAdam, RAdam, Adamax, ASGD, "
-    "Adadelta, RMSprop, Rprop, Adafactor) call it in step(): it refuses a graph capture of "
-    "one whose capturable is False, but looks at CUDA and XPU streams only; tpu's capture "
-    "refuses the same ones (SGD and Adagrad never call it and capture as they are, as on "
-    "CUDA)")
-
-
 # ---------------------------------------------------------------- the OpInfo sweep (applied by it)
 def _unseeded(wrapper_set_seed):
     def _unseeded(op, *args, **kwargs):
@@ -361,17 +339,13 @@ OPINFO_UNSEEDED = Patch(
 AT_IMPORT = [PRINT_FROM_HOST, WRITE_FILE, SET_FROM_FILE, BACKWARD_GRAPH, BACKWARD_AUTOGRAD,
              MODULE_APPLY, INDUCTOR_INIT, INDUCTOR_CALL, FLEX_ATTENTION_DEVICE, SET_PG_TIMEOUT]
 WITH_DYNAMO = [CAPTURABLE_OPTIMIZERS]  # importing dynamo costs ~2.5 s: applied by compile
-# (torch.optim may still be loading when torch's device autoload imports torch_tpu)
-WITH_OPTIM = [OPTIMIZER_CAPTURE_CHECK]
 FOR_VALIDATION = [OPINFO_UNSEEDED]  # applied by `python -m torch_tpu validate ops` only
-ALL = AT_IMPORT + WITH_OPTIM + WITH_DYNAMO + FOR_VALIDATION
+ALL = AT_IMPORT + WITH_DYNAMO + FOR_VALIDATION
 
 
 def apply_at_import() -> None:
     for p in AT_IMPORT:
         p.apply()
-    _on_import.when_imported("torch.optim.optimizer", lambda: [p.apply() for p in WITH_OPTIM],
-                             lambda m: hasattr(m, "Optimizer"))
 
 
 def apply_with_dynamo() -> None:

@@ -22,8 +22,8 @@ As in CUDA:
   - an optimizer steps in a captured region as on CUDA: those whose step torch checks
     (the ones with a step count: Adam, AdamW, NAdam, RAdam, Adamax, ASGD, Adadelta,
     RMSprop, Rprop, Adafactor) only with `capturable=True`; SGD and Adagrad, which torch
-    does not check, as they are. torch's check looks at CUDA and XPU streams only;
-    `_patches.OPTIMIZER_CAPTURE_CHECK` makes it ask tpu's capture too.
+    does not check, as they are. torch's check looks at CUDA and XPU streams only; a step
+    pre-hook asks tpu's capture the same of the same optimizers.
 
 What capture cannot hold raises CaptureError naming the op and the user's line: a host
 sync (`.item()`, `.cpu()`, printing a tensor), an op whose result's shape depends on the
@@ -41,13 +41,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import time
 import weakref
 
 import jax
 import torch
 
-from .. import _C, _frames, _patches, _rng, _runtime, _storage, metrics
+from .. import _C, _frames, _on_import, _rng, _runtime, _storage, metrics
 from .._C import Lazy
 from .._program_cache import PROFILING, op_entry
 from ..op import current
@@ -530,16 +531,46 @@ def capturing(g: TPUGraph):
     g.capture_end()
 
 
-def _refuse_uncapturable(optimizer):
-    """torch's check in the step() of optimizers with a step count, for tpu's capture."""
-    if _CAPTURING and not all(g["capturable"] for g in optimizer.param_groups):
+_HEALTH_CHECK = "_accelerator_graph_capture_health_check"
+_ASKS: dict = {}  # optimizer class -> whether its step() asks torch's capture check
+
+
+def _asks_capture_check(cls) -> bool:
+    """Whether torch's step() of `cls` (or of a class it inherits step() from) calls torch's
+    capture check: the optimizers with a step count do (Adam, AdamW, NAdam, RAdam, Adamax,
+    ASGD, Adadelta, RMSprop, Rprop, Adafactor), SGD and Adagrad do not."""
+    asks = _ASKS.get(cls)
+    if asks is None:
+        steps = (k.__dict__["step"] for k in cls.__mro__ if "step" in k.__dict__)
+        asks = _ASKS[cls] = any(_HEALTH_CHECK in getattr(inspect.unwrap(s), "__code__",
+                                                         _NO_CODE).co_names for s in steps)
+    return asks
+
+
+_NO_CODE = (lambda: None).__code__
+
+
+def _check_capturable(optimizer, args, kwargs):
+    """torch's capture check, for tpu's capture: torch's asks CUDA and XPU streams only. A
+    step pre-hook (a patch of the check itself would be a function dynamo cannot trace
+    inside a compiled step), for the same optimizers."""
+    if (_CAPTURING and _asks_capture_check(type(optimizer))
+            and not all(g.get("capturable", False) for g in optimizer.param_groups)):
         raise CaptureError(
             f"Attempting torch.tpu.graph capture of step() for an instance of "
             f"{type(optimizer).__name__} but param_groups' capturable is False (at {_where()}). "
             f"Construct it with capturable=True: its step count must live on the device.")
 
 
-_patches.CAPTURE_REFUSALS.append(_refuse_uncapturable)
+def _hook_optimizer_steps():
+    import torch.optim.optimizer as optimizer
+
+    optimizer.register_optimizer_step_pre_hook(_check_capturable)
+
+
+# (torch.optim may still be loading when torch's device autoload imports torch_tpu)
+_on_import.when_imported("torch.optim.optimizer", _hook_optimizer_steps,
+                         lambda m: hasattr(m, "register_optimizer_step_pre_hook"))
 
 
 # torch.accelerator.Graph() on tpu makes a TPUGraph (csrc/graphs.cpp forwards to it)
