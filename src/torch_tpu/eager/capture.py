@@ -533,6 +533,7 @@ def capturing(g: TPUGraph):
 
 _HEALTH_CHECK = "_accelerator_graph_capture_health_check"
 _ASKS: dict = {}  # optimizer class -> whether its step() asks torch's capture check
+_NO_CODE = (lambda: None).__code__
 
 
 def _asks_capture_check(cls) -> bool:
@@ -545,9 +546,6 @@ def _asks_capture_check(cls) -> bool:
         asks = _ASKS[cls] = any(_HEALTH_CHECK in getattr(inspect.unwrap(s), "__code__",
                                                          _NO_CODE).co_names for s in steps)
     return asks
-
-
-_NO_CODE = (lambda: None).__code__
 
 
 def _check_capturable(optimizer, args, kwargs):
