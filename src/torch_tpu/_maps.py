@@ -24,6 +24,8 @@ import time
 
 HIGH, LOW, REFUSE = 0.5, 0.35, 0.97  # fractions of the limit (the module doc)
 EACH = 8  # mappings a program is assumed to hold until measured
+GROWTH = 128  # mappings one first run is assumed to add at most (a large graph: ~40)
+EVERY_S = 1.0  # seconds after which a count is due anyway
 
 
 def _limit() -> int | None:
@@ -33,9 +35,6 @@ def _limit() -> int | None:
     except (OSError, ValueError):  # not Linux: no such limit to keep
         return None
 
-
-GROWTH = 128  # mappings one first run is assumed to add at most (a large graph: ~40)
-EVERY_S = 1.0  # seconds after which a count is due anyway
 
 LIMIT = _limit()
 _base: list = []  # the mappings the process held besides its programs, at the first count

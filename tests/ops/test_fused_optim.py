@@ -1,5 +1,5 @@
-"""torch.optim's fused Adam, AdamW, SGD and Adagrad (fused=True) on tpu, as a training script
-uses them.
+"""torch.optim's fused Adam, AdamW, SGD and Adagrad (fused=True) on tpu, as a training
+script uses them.
 
 Each step is one program for the whole parameter list (`_fused_adam_`, `_fused_adamw_`,
 `_fused_sgd_`, `_fused_adagrad_`, lowering/optim.py). Its values are the foreach path's (foreach=True, the

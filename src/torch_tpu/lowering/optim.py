@@ -2,13 +2,13 @@
 `_fused_adagrad_`), each one program over the whole parameter list.
 
 torch.optim's Adam, AdamW, SGD and Adagrad with fused=True call one of these per (device,
-dtype) group, and HF Trainer's default optimizer (adamw_torch_fused) is one of them. The in-place
-overloads and their tensor-lr twins reach the functional ones lowered here by the
+dtype) group, and HF Trainer's default optimizer (adamw_torch_fused) is one of them. The
+in-place overloads and their tensor-lr twins reach the functional ones lowered here by the
 registry's rule; a compiled graph that calls them holds the functional ones directly.
 
 Each element goes through the foreach path's sequence of ops (torch/optim/adam.py
-`_multi_tensor_adam`, sgd.py `_multi_tensor_sgd`, adagrad.py `_multi_tensor_adagrad`), computed by the same elementwise
-lowerings, so fused=True and foreach=True agree to the bit or within 1 ulp. torch's CUDA
+`_multi_tensor_adam`, sgd.py `_multi_tensor_sgd`, adagrad.py `_multi_tensor_adagrad`),
+computed by the same elementwise lowerings, so fused=True and foreach=True agree to the bit or within 1 ulp. torch's CUDA
 kernel (cuda/fused_adam_utils.cuh) writes the same math in another order (a hand-written
 lerp, `param -= lr * wd * param`), which differs from foreach by an ulp here and there;
 matching foreach keeps switching between the two a no-op. The hyperparameter arithmetic
