@@ -42,6 +42,7 @@ _ENABLED = _config.get("TORCH_TPU_CAPACITY")
 _live = [False]  # a storage was tagged in this process
 _busy = [False]  # route is running a call at capacity: the ops it issues pass
 _SEEN: dict = {}  # a source call's key -> the rows of its last result
+_STARTS: dict = {}  # ... -> the lengths at which its results grew, after a shorter one
 
 
 class Capacity(NamedTuple):
@@ -109,12 +110,21 @@ def _hold(full, axis, rows, into=None):
 
 
 def _grown(key, rows) -> bool:
-    """Whether this call's result is 1..GROWTH rows longer than its last one's."""
+    """Whether this call's result is 1..GROWTH rows longer than its last one's, or as long
+    as one whose growth was seen before. The second is a loop run again (a second
+    `generate` call): its shorter steps hit the programs compiled for them the first time,
+    in C, and never reach this function, so its last call here was the previous run's."""
     if len(_SEEN) > 4096:
         _SEEN.clear()
+        _STARTS.clear()
     prev = _SEEN.get(key)
     _SEEN[key] = rows
-    return prev is not None and 0 < rows - prev <= GROWTH
+    if prev is not None and 0 < rows - prev <= GROWTH:
+        starts = _STARTS.setdefault(key, set())
+        if len(starts) < 64:
+            starts.add(rows)
+        return True
+    return rows in _STARTS.get(key, ())
 
 
 # ----------------------------------------------------------------------- sources of tags
