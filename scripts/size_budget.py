@@ -34,8 +34,10 @@ SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
 # host (issue 51: _binding.py, the binding of a process to its chips before the runtime
 # starts, libtpu's topology per TPU generation, the launchers, no fallback to the CPU:
 # ~430 lines; several devices in one process across csrc, the executors, copies, RNG and
-# memory statistics: ~560 lines), 27.45k then.
-BUDGETS = {"torch_tpu": 27_700, "torch_tpu_tools": 9_400}
+# memory statistics: ~560 lines), 27.45k then. The tools' raised to 9.6k with bench loops
+# (issue 52: the loops users write, timed as whole calls in every mode: ~190 lines), 9.28k
+# then.
+BUDGETS = {"torch_tpu": 27_700, "torch_tpu_tools": 9_600}
 SUFFIXES = {".py", ".cpp", ".h"}
 
 

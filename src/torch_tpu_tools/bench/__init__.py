@@ -20,6 +20,7 @@ BENCHES = {
     "soak": ("torch_tpu_tools.bench.soak", "1,000 training steps with generation: RSS, device bytes, objects and programs stay flat (OUT/RELIABILITY.md)"),
     "dist": ("torch_tpu_tools.bench.dist", "FSDP2 and tensor-parallel Llama training steps at 1, 2, 4 processes: tpu_dist (Strict, DeferAndFuse) vs gloo on CPU"),
     "rl": ("torch_tpu_tools.bench.rl", "the GRPO loop (torch_tpu_tools.grpo, run by examples/grpo.py): rollout, scoring, reference, update on tpu (Strict, DeferAndFuse, compiled) vs CPU eager"),
+    "loops": ("torch_tpu_tools.bench.loops", "loops users write (HF generate, a KV-cache loop, nanoGPT generate, a training step with a read): whole calls, each mode against CPU eager, ATen and XLA kernels"),
     "shapes": ("torch_tpu_tools.bench.shapes", "varying shapes (issue 15): generate at 16/64/256 tokens, variable-length training, the source[i:i+bptt] loop, cold generate in fresh processes; programs, cold s, warm vs CPU eager; --clients: Trainer dynamic padding, GRPO, nanoGPT generate, first steps"),
 }
 
