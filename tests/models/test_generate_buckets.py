@@ -92,6 +92,19 @@ def test_captured_decode_stops_at_eos_inside_a_launch(mode):
     assert second["programs"] == 0, second
 
 
+@pytest.mark.parametrize("mode", ("strict", "defer_and_fuse"))
+@pytest.mark.parametrize("floor", (("--min-new-tokens", "10"), ("--min-length", "19")))
+def test_captured_decode_bars_eos_below_a_minimum_length(mode, floor):
+    """min_new_tokens / min_length with an EOS the greedy continuation reaches at its 7th
+    new token: transformers bars EOS below the length, read from input_ids' shape; the
+    captured step bars it with the length as data, so the calls go on past the 7th token
+    and stop where CPU's do, captured."""
+    (first, second), summary = _run(mode, "24,20", "--all-eos", "--plain", *floor)
+    assert summary["captured"] == 2 and summary["uncaptured"] == {}, summary
+    assert first["shape"][1] > 8 + 7, first  # EOS barred at the 7th token
+    assert second["programs"] == 0, second
+
+
 def test_sampled_captured_decode_draws_as_transformers_loop():
     """do_sample with top-k/top-p/temperature, captured: every replay draws what
     transformers' own op-by-op loop draws on tpu from the same seed."""

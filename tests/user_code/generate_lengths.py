@@ -14,6 +14,8 @@ call compiled (torch.tpu.compile_cache_stats), then a summary line.
                          row reaches early; also returns the scores
   --all-eos              one prompt, with an EOS token it reaches at its 7th new token:
                          the call stops there, before max_new_tokens
+  --min-new-tokens K     min_new_tokens=K (EOS barred before K new tokens), with --all-eos
+  --min-length L         min_length=L, the same counted from the prompt's start
   --plain                no scores (--batch-eos) and no streamer (--sample): what the
                          captured decode step holds (the summary counts captured calls)
 """
@@ -32,6 +34,8 @@ parser.add_argument("--lengths", default="16")
 parser.add_argument("--sample", action="store_true")
 parser.add_argument("--batch-eos", action="store_true")
 parser.add_argument("--all-eos", action="store_true")
+parser.add_argument("--min-new-tokens", type=int)
+parser.add_argument("--min-length", type=int)
 parser.add_argument("--plain", action="store_true")
 args = parser.parse_args()
 
@@ -67,6 +71,10 @@ if args.batch_eos:  # a token the first row produces at its 4th step
 if args.all_eos:  # the token the prompt's greedy continuation has 7th: every row stops
     eos = int(cpu_model.generate(prompt, attention_mask=mask, max_new_tokens=7, do_sample=False)[0, -1])
     extra.update(eos_token_id=eos)
+if args.min_new_tokens is not None:
+    extra.update(min_new_tokens=args.min_new_tokens)
+if args.min_length is not None:
+    extra.update(min_length=args.min_length)
 
 
 def programs():

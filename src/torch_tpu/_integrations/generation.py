@@ -34,10 +34,10 @@ at which every row had finished. So one launch runs _STEPS tokens (TPUGraph.repl
 a device loop over the step), and the host reads that length once a launch. The region
 is recorded again at each call, so it always is what the Python code does now (adapters
 switched, a new model); the program of an equal region is reused (capture's program
-cache). The step captured holds only what a replay repeats
-exactly: the logits warpers that read the scores alone (`_WARPERS`), and the EOS stopping
-criterion (max length and max time are checked on the host between launches). Other
-processors or criteria, scores or logits returned, a streamer, or a region capture refuses
+cache). The step captured holds only what a replay repeats exactly: the logits warpers
+that read the scores alone (`_WARPERS`), the minimum lengths (`_LENGTH_FLOORS`: EOS barred
+with the length as data), and the EOS stopping criterion (max length and max time are
+checked on the host between launches). Other processors or criteria, scores or logits returned, a streamer, or a region capture refuses
 (CaptureError) decode op by op, counted in `generate_uncaptured` with the reason in
 `uncaptured_reasons()`; TORCH_TPU_CAPTURED_GENERATE=0 turns it off. A compiled forward
 (cache_implementation="static") is captured too, from its first call: its graph is one node
@@ -65,6 +65,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import math
 import time
 
 import torch
@@ -85,6 +86,11 @@ _uncaptured: collections.Counter = collections.Counter()
 _WARPERS = frozenset({"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
                       "MinPLogitsWarper", "TypicalLogitsWarper", "EpsilonLogitsWarper",
                       "EtaLogitsWarper", "SuppressTokensLogitsProcessor"})
+# processors that bar EOS below a length they read from input_ids' shape -> that length; in
+# the step the length is data (its next column), so the step bars EOS with it
+_LENGTH_FLOORS = {
+    "MinLengthLogitsProcessor": lambda p: p.min_length,
+    "MinNewTokensLengthLogitsProcessor": lambda p: p.prompt_length_to_skip + p.min_new_tokens}
 # max length and time are checked on the host between launches, EOS inside the step
 _CRITERIA = frozenset({"MaxLengthCriteria", "MaxTimeCriteria", "EosTokenCriteria"})
 # The stop flag of step t is read after step t + _STOP_LAG - 1 is queued. 1, as
@@ -343,7 +349,8 @@ def _uncapturable(model, generation_config, model_kwargs, processors, criteria, 
     for failed, why in checks:
         if failed:
             return why
-    for kind, objs, allowed, module in (("logits processor", processors, _WARPERS, "logits_process"),
+    processor_ok = _WARPERS | _LENGTH_FLOORS.keys()
+    for kind, objs, allowed, module in (("logits processor", processors, processor_ok, "logits_process"),
                                         ("stopping criterion", criteria, _CRITERIA, "stopping_criteria")):
         for obj in objs:  # transformers' own classes, not subclasses or look-alikes
             if type(obj).__name__ not in allowed or not type(obj).__module__.endswith(module):
@@ -393,7 +400,15 @@ class _CapturedStep:
             kwargs["position_ids"] = self.pos
         inputs = self.model.prepare_inputs_for_generation(self.cur, next_sequence_length=1, **kwargs)
         logits = self.forward(**inputs, return_dict=True).logits[:, -1].to(copy=True, dtype=torch.float32)
-        scores = self.processors(self.ids, logits)
+        scores = logits
+        for proc in self.processors:
+            floor = _LENGTH_FLOORS.get(type(proc).__name__)
+            if floor is None:
+                scores = proc(self.ids, scores)
+            else:
+                eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device),
+                                 proc.eos_token_id.to(scores.device))
+                scores = torch.where(eos & (self.col < floor(proc)), -math.inf, scores)
         if self.sample:
             tokens = torch.multinomial(torch.nn.functional.softmax(scores, dim=-1), 1).squeeze(1)
         else:
