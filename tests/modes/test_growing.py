@@ -7,6 +7,7 @@ The script is tests/user_code/nanogpt_compile.py as written for CUDA, `cuda` swa
 `tpu`, sampling only (top_k=1, so the tokens are comparable with CPU's), each run a fresh
 process. docs/DYNAMIC_SHAPES.md, "Growing tensors"."""
 import pathlib
+import re
 
 import pytest
 
@@ -50,6 +51,33 @@ def test_growing_generate_compiles_per_bucket_not_per_token(mode, cpu_sample, tm
     assert long["sample_programs"] <= RATIO[mode] * short["sample_programs"], (short, long)
     # without the capacity each token compiled its own programs (Strict: ~14 a token)
     assert short["sample_programs"] < 16 * 6, short
+
+
+def _counter(out, name):
+    """A counter of the metrics report TORCH_TPU_METRICS=1 prints at exit (0 if absent)."""
+    found = re.search(rf"^\s+{re.escape(name)}\s+(\d+)$", out, re.M)
+    return int(found.group(1)) if found else 0
+
+
+def test_defer_and_fuse_records_held_calls_in_c(cpu_sample, tmp_path):
+    """DeferAndFuse records a call on a held tensor that it has seen in C, as its call at
+    the capacity (op/capacity.py _hold_in_c): three sampling calls of 128 tokens give CPU's
+    tokens, as the Python path does (TORCH_TPU_C_FAST_PATH=0), with a few Python routings a
+    token left (the `x[:, [-1]]` index) instead of every row-wise op's."""
+    script = swap_cuda(SCRIPT, tmp_path / "nanogpt_tpu.py")
+    env = {**MODES["defer_and_fuse"], "SAMPLE_TOKENS": "128", "NUM_SAMPLES": "3",
+           "TORCH_TPU_METRICS": "1"}
+    runs = {}
+    for fast in ("1", "0"):
+        code, out, results = run_script(script, env={**BASE, **env, "TORCH_TPU_C_FAST_PATH": fast},
+                                        timeout=400)
+        assert code == 0 and results, out[-4000:]
+        assert results[0]["sample"] == cpu_sample
+        runs[fast] = out
+    assert _counter(runs["1"], "capacity.held_in_c") > 0
+    assert _counter(runs["0"], "capacity.held_in_c") == 0
+    routed, python = _counter(runs["1"], "capacity.ops"), _counter(runs["0"], "capacity.ops")
+    assert routed * 4 < python, (routed, python)
 
 
 def test_without_capacity_each_length_compiles(tmp_path):

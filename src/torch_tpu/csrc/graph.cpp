@@ -33,6 +33,7 @@
 namespace torch_tpu {
 
 PyObject* user_line(PyObject*, PyObject*);                                          // scan.cpp
+bool int_vector(PyObject* seq, c10::SmallVector<int64_t, 6>& out);                  // dispatch.cpp
 void mark_realized(const c10::Storage& storage);  // memory.cpp: count the storage's bytes as allocated device memory
 
 namespace {
@@ -212,12 +213,48 @@ PyType_Spec lazy_spec = {"torch_tpu._C.Lazy", sizeof(LazyObject), 0,
                          Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, lazy_slots};
 
 // ------------------------------------------------------------ recording
+// A call at a capacity (op/capacity.py, OpPlan.held): `held` has per fresh result None, or
+// (sizes, attribute, tag): the result, made at the capacity, takes its true sizes (strides
+// and storage kept) and its storage the capacity tag, as capacity._hold does.
+bool hold_fresh(PyObject* held, PyObject* fresh) {
+  if (held == Py_None) return true;
+  if (!PyList_Check(held) || PyList_GET_SIZE(held) != PyList_GET_SIZE(fresh)) {
+    PyErr_SetString(PyExc_TypeError, "record: held must be a list, one item per fresh result");
+    return false;
+  }
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(held); ++k) {
+    PyObject* h = PyList_GET_ITEM(held, k);
+    if (h == Py_None) continue;
+    PyObject* t = PyList_GET_ITEM(fresh, k);
+    c10::SmallVector<int64_t, 6> size;
+    if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 3 || !int_vector(PyTuple_GET_ITEM(h, 0), size)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "record: a held item is (sizes, attribute, tag)");
+      return false;
+    }
+    const at::Tensor& tensor = THPVariable_Unpack(t);
+    const std::vector<int64_t> strides = tensor.strides().vec();
+    if (static_cast<size_t>(size.size()) != strides.size()) {
+      PyErr_SetString(PyExc_ValueError, "record: held sizes of another rank");
+      return false;
+    }
+    tensor.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides);
+    PyObject* tag = PyTuple_GET_ITEM(h, 2);
+    if (tag == Py_None) continue;
+    PyObject* st = THPStorage_Wrap(tensor.storage());
+    const int rc = st == nullptr ? -1 : PyObject_SetAttr(st, PyTuple_GET_ITEM(h, 1), tag);
+    Py_XDECREF(st);
+    if (rc < 0) return false;
+  }
+  return true;
+}
+
 PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 5 || !PyList_Check(args[0]) || !PyList_Check(args[4])) {
-    PyErr_SetString(PyExc_TypeError, "record(nodes, entry, bufs, dyns, vals: list)");
+  if ((nargs != 5 && nargs != 6) || !PyList_Check(args[0]) || !PyList_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError, "record(nodes, entry, bufs, dyns, vals: list[, held])");
     return nullptr;
   }
   PyObject *nodes = args[0], *entry = args[1], *vals = args[4];
+  PyObject* held = nargs == 6 ? args[5] : Py_None;
   PyObject* frame = user_line(nullptr, nullptr);
   if (frame == nullptr) return nullptr;
   NodeObject* node = new_node(entry, args[2], args[3], frame);
@@ -233,7 +270,8 @@ PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       fresh != nullptr && PyList_Check(specs) && PyList_Check(recs) && PyList_Check(slots) &&
       PyTuple_Check(structure) && PyList_Append(nodes, reinterpret_cast<PyObject*>(node)) == 0 &&
       store_fresh(specs, recs, fresh, [node](Py_ssize_t, PyObject* st) { return new_lazy(node, st); }) &&
-      store_mutated(slots, vals, [node](Py_ssize_t, PyObject* st) { return new_lazy(node, st); })) {
+      store_mutated(slots, vals, [node](Py_ssize_t, PyObject* st) { return new_lazy(node, st); }) &&
+      hold_fresh(held, fresh)) {
     result = assemble(structure, vals, fresh);
   } else if (!PyErr_Occurred()) {
     PyErr_SetString(PyExc_TypeError, "record: malformed entry");
@@ -566,7 +604,7 @@ PyMethodDef g_methods[] = {
     {"program_results", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(program_results)), METH_FASTCALL,
      "program_results(specs, flat, args) -> a compiled graph's outputs: new tensors, inputs, constants"},
     {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(record)), METH_FASTCALL,
-     "record(nodes, entry, bufs, dyns, vals) -> the op's result: appends its pending Node"},
+     "record(nodes, entry, bufs, dyns, vals[, held]) -> the op's result: appends its pending Node"},
     {"flush_plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(flush_plan)), METH_FASTCALL,
      "flush_plan(nodes, donate) -> (key, ext, dyns, storages, donated)"},
     {"release", release, METH_O, "release(nodes): drop flushed nodes' frames and outputs"},
@@ -575,9 +613,10 @@ PyMethodDef g_methods[] = {
 }  // namespace
 
 // record, for OpKernel (kernel.cpp)
-PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns, PyObject* vals) {
-  PyObject* args[] = {nodes, entry, bufs, dyns, vals};
-  return record(nullptr, args, 5);
+PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns, PyObject* vals,
+                    PyObject* held) {
+  PyObject* args[] = {nodes, entry, bufs, dyns, vals, held};
+  return record(nullptr, args, 6);
 }
 
 void add_graph_functions(PyObject* module) {

@@ -35,7 +35,7 @@ PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals);         /
 PyObject* run_op(PyObject* entry, PyObject* fn, PyObject* bufs, PyObject* dyns, PyObject* vals,
                  bool* retry);                                                  // results.cpp
 PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns,
-                    PyObject* vals);                                           // graph.cpp
+                    PyObject* vals, PyObject* held);                           // graph.cpp
 bool in_bad_fork();                                                            // memory.cpp
 int op_device(PyObject* vals, PyObject* name);                                 // scan.cpp
 const char* bad_fork_message();                                                // memory.cpp
@@ -162,6 +162,7 @@ struct KernelObject {
   PyObject* spec;   // plan.cspec: what normalize and scan read
   PyObject* cache;  // plan.cache: key -> Entry
   PyObject* precision;  // plan.precision: the settings snapshot of a sensitive op, or null
+  PyObject* held;       // plan.held: key -> (the entry at a capacity, its results' hold)
   PyObject* devices;    // index -> this op's kernel on tpu:index (run_on_devices), or null
 };
 
@@ -182,7 +183,7 @@ PyObject* g_str[N_METHODS];
 // attributes read by name: an OpPlan's (kernel_new, kernel_repr), the DeferExecutor's
 // (kernel_setup)
 const char kPlanCache[] = "cache", kPlanCSpec[] = "cspec", kPlanName[] = "name",
-           kPlanPrecision[] = "precision", kDeferLoop[] = "loop";
+           kPlanPrecision[] = "precision", kPlanHeld[] = "held", kDeferLoop[] = "loop";
 SlotAttr g_entry_fn("Entry", "fn"), g_entry_checks("Entry", "checks"),
     g_ex_nodes("DeferExecutor", "nodes"), g_ex_in_backward("DeferExecutor", "in_backward");
 
@@ -205,16 +206,46 @@ bool count_dispatch(PyObject* counter) {
 // A precision-sensitive op's entries are keyed (key, snapshot of the settings now), as in
 // _program_cache.op_entry. Measured on the small Llama's decode step in DeferAndFuse
 // (22 matmuls a token of 164 ops): the matmuls took Python's execute before, ~35 us each.
-PyObject* cached_entry(KernelObject* k, PyObject* key) {
-  if (k->precision == nullptr) return PyDict_GetItemWithError(k->cache, key);
+PyObject* cached_entry(KernelObject* k, PyObject* key, PyObject* cache) {
+  if (k->precision == nullptr) return PyDict_GetItemWithError(cache, key);
   PyObject* prec = PyObject_CallNoArgs(k->precision);
   if (prec == nullptr) return nullptr;
   PyObject* lookup = PyTuple_Pack(2, key, prec);
   Py_DECREF(prec);
   if (lookup == nullptr) return nullptr;
-  PyObject* entry = PyDict_GetItemWithError(k->cache, lookup);  // borrowed: the dict holds it
+  PyObject* entry = PyDict_GetItemWithError(cache, lookup);  // borrowed: the dict holds it
   Py_DECREF(lookup);
   return entry;
+}
+
+// A held call's scalars (op/capacity.py _hold_in_c): `pick` None, the scanned ones; else
+// (keep, expect): those at `keep`, when each at an `expect` index is that object (an
+// offset that is data at the true size, fixed at the capacity); else null, no error.
+PyObject* held_dyns(PyObject* pick, PyObject* dyns) {
+  if (pick == Py_None) {
+    Py_INCREF(dyns);
+    return dyns;
+  }
+  PyObject *keep = PyTuple_GET_ITEM(pick, 0), *expect = PyTuple_GET_ITEM(pick, 1);
+  const Py_ssize_t n = PyList_GET_SIZE(dyns);
+  for (Py_ssize_t e = 0; e < PyTuple_GET_SIZE(expect); ++e) {
+    PyObject* item = PyTuple_GET_ITEM(expect, e);
+    const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0));
+    if (i < 0 || i >= n || PyList_GET_ITEM(dyns, i) != PyTuple_GET_ITEM(item, 1)) return nullptr;
+  }
+  PyObject* out = PyList_New(PyTuple_GET_SIZE(keep));
+  if (out == nullptr) return nullptr;
+  for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(keep); ++j) {
+    const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(keep, j));
+    if (i < 0 || i >= n) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyObject* d = PyList_GET_ITEM(dyns, i);
+    Py_INCREF(d);
+    PyList_SET_ITEM(out, j, d);
+  }
+  return out;
 }
 
 // The recording fast path; returns the op's result, or NOT_HERE for Python's execute.
@@ -245,12 +276,31 @@ PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
     Py_DECREF(scanned);
     return NOT_HERE;
   }
-  PyObject* entry = cached_entry(k, PyTuple_GET_ITEM(scanned, 0));  // borrowed
+  PyObject* entry = cached_entry(k, PyTuple_GET_ITEM(scanned, 0), k->cache);  // borrowed
+  // A call with an argument held at a capacity, seen before (op/capacity.py _hold_in_c):
+  // recorded as its call at the capacity, with its results held. Measured on nanoGPT's
+  // generate (`bench loops`, 128 tokens, ~24 such ops a token): 247 -> 203 ms a call, CPU
+  // eager 131 ms; capacity's Python route cost ~35 us an op.
+  PyObject* held = Py_None;
+  PyObject* dyns = PyTuple_GET_ITEM(scanned, 2);
+  if (entry == nullptr && !PyErr_Occurred() && PyDict_GET_SIZE(k->held) > 0) {
+    PyObject* at = cached_entry(k, PyTuple_GET_ITEM(scanned, 0), k->held);  // borrowed
+    if (at != nullptr) {
+      entry = PyTuple_GET_ITEM(at, 0);
+      held = PyTuple_GET_ITEM(at, 1);
+      dyns = held_dyns(PyTuple_GET_ITEM(at, 2), dyns);
+      if (dyns == nullptr) entry = nullptr;  // an offset that is not the one held: Python
+    }
+  } else {
+    Py_INCREF(dyns);
+  }
   if (entry == nullptr) {
     Py_DECREF(nodes);
     Py_DECREF(scanned);
+    Py_XDECREF(dyns);
     return PyErr_Occurred() ? nullptr : NOT_HERE;  // a miss: execute compiles the entry
   }
+  Py_INCREF(held);
   Py_INCREF(entry);
   PyObject* result = nullptr;
   PyObject* now = nullptr;
@@ -272,7 +322,7 @@ PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
     goto done;
   }
   if (!count_dispatch(g_dispatch_counter)) goto done;
-  result = record_op(nodes, entry, PyTuple_GET_ITEM(scanned, 1), PyTuple_GET_ITEM(scanned, 2), vals);
+  result = record_op(nodes, entry, PyTuple_GET_ITEM(scanned, 1), dyns, vals, held);
   if (result != nullptr) {
     PyObject* in_bw = g_ex_in_backward.get(ex);
     const int busy = in_bw == nullptr ? -1 : PyObject_IsTrue(in_bw);
@@ -293,6 +343,8 @@ done:
   Py_XDECREF(now);
   Py_DECREF(nodes);
   Py_DECREF(entry);
+  Py_DECREF(held);
+  Py_DECREF(dyns);
   Py_DECREF(scanned);
   return result;
 }
@@ -315,7 +367,7 @@ PyObject* run_strict(KernelObject* k, PyObject* vals) {
     Py_DECREF(scanned);
     return NOT_HERE;
   }
-  PyObject* entry = cached_entry(k, PyTuple_GET_ITEM(scanned, 0));  // borrowed
+  PyObject* entry = cached_entry(k, PyTuple_GET_ITEM(scanned, 0), k->cache);  // borrowed
   if (entry == nullptr) {
     Py_DECREF(scanned);
     return PyErr_Occurred() ? nullptr : NOT_HERE;
@@ -431,17 +483,20 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   PyObject* cache = PyObject_GetAttrString(plan, kPlanCache);
   PyObject* spec = cache == nullptr ? nullptr : PyObject_GetAttrString(plan, kPlanCSpec);
   PyObject* precision = spec == nullptr ? nullptr : PyObject_GetAttrString(plan, kPlanPrecision);
-  if (precision == nullptr) Py_CLEAR(spec);
+  PyObject* held = precision == nullptr ? nullptr : PyObject_GetAttrString(plan, kPlanHeld);
+  if (held == nullptr) Py_CLEAR(spec);
   KernelObject* self = nullptr;
-  if (spec != nullptr &&
-      (!PyDict_CheckExact(cache) || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != CSPEC_SIZE))
-    PyErr_SetString(PyExc_TypeError, "OpKernel(plan): plan.cache must be a dict, plan.cspec a CSpec");
+  if (spec != nullptr && (!PyDict_CheckExact(cache) || !PyDict_CheckExact(held) ||
+                          !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != CSPEC_SIZE))
+    PyErr_SetString(PyExc_TypeError,
+                    "OpKernel(plan): plan.cache and plan.held must be dicts, plan.cspec a CSpec");
   else if (spec != nullptr)
     self = reinterpret_cast<KernelObject*>(type->tp_alloc(type, 0));
   if (self == nullptr) {
     Py_XDECREF(cache);
     Py_XDECREF(spec);
     Py_XDECREF(precision);
+    Py_XDECREF(held);
     return nullptr;
   }
   if (precision == Py_None) Py_CLEAR(precision);
@@ -450,6 +505,7 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->spec = spec;
   self->cache = cache;
   self->precision = precision;
+  self->held = held;
   self->devices = nullptr;
   return reinterpret_cast<PyObject*>(self);
 }
@@ -460,6 +516,7 @@ void kernel_dealloc(PyObject* o) {
   Py_XDECREF(self->spec);
   Py_XDECREF(self->cache);
   Py_XDECREF(self->precision);
+  Py_XDECREF(self->held);
   Py_XDECREF(self->devices);
   PyTypeObject* type = Py_TYPE(o);
   type->tp_free(o);
@@ -574,7 +631,7 @@ void add_kernel_functions(PyObject* module) {
   Py_INCREF(g_kernel_type);
   add_names(module, "methods", "executor", {kMethodNames[S_EXECUTE]});
   add_names(module, "methods", "DeferExecutor", {kMethodNames[S_GRAPH_STARTS], kMethodNames[S_LOOP_FLUSH]});
-  add_names(module, "attributes", "OpPlan", {kPlanCache, kPlanCSpec, kPlanName, kPlanPrecision});
+  add_names(module, "attributes", "OpPlan", {kPlanCache, kPlanCSpec, kPlanName, kPlanPrecision, kPlanHeld});
   add_names(module, "attributes", "DeferExecutor", {kDeferLoop});
   export_slots(module);  // every file's SlotAttrs (graph.cpp's too)
 }

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import _buckets, _config, metrics
+from .. import _C, _buckets, _config, metrics
 from . import current
 
 TAG = "_tpu_capacity"
@@ -375,4 +375,60 @@ def route(execute, plan, vals):
             return _hold(r, axis, tag.rows)
         return r
 
-    return hold(result) if isinstance(result, torch.Tensor) else type(result)(map(hold, result))
+    held = hold(result) if isinstance(result, torch.Tensor) else type(result)(map(hold, result))
+    if _IN_C and getattr(current.executor(), "deferred", False):
+        _hold_in_c(plan, vals, grown, held)
+    return held
+
+
+_IN_C = _config.get("TORCH_TPU_C_FAST_PATH")
+_MAX_HELD = 512  # calls held in C per op, past which they start again
+
+
+def _hold_in_c(plan, vals, grown, result):
+    """Let DeferAndFuse's C path record this call as route just did, with no Python: under
+    the call's own key, the entry of its call at the capacity and how each result is held
+    (OpPlan.held, csrc/kernel.cpp). The node is the entry's at the capacity, so the graph
+    of a step is one program at every length of a capacity, as before. Only where that
+    entry makes every result fresh, and the call's buffers and scalars are the same objects
+    at both sizes (a held tensor is its storage's first rows); returns that are values
+    (attention's sizes) are the entry's at both."""
+    now, at = _C.scan(plan, vals), _C.scan(plan, grown)
+    if (now is None or at is None or len(now[1]) != len(at[1])
+            or any(a is not b for a, b in zip(now[1], at[1]))):
+        return
+    # The scalars: the same objects (device scalars are one object per value), but for the
+    # offsets that are data at the true size and fixed at the capacity (0 there): those the
+    # C path checks are still those objects, and passes the others.
+    keep, expect = [], []
+    for i, d in enumerate(now[2]):
+        if len(keep) < len(at[2]) and d is at[2][len(keep)]:
+            keep.append(i)
+        else:
+            expect.append((i, d))
+    if len(keep) != len(at[2]):
+        return
+    prec = plan.precision() if plan.precision is not None else None
+    entry = plan.cache.get(at[0] if prec is None else (at[0], prec))
+    if entry is None or entry.fn is None or entry.mut_slots or entry.fresh is None:
+        return
+    rets = [result] if isinstance(result, torch.Tensor) else list(result)
+    if len(rets) != len(entry.structure) or any(s[0] not in ("fresh", "value")
+                                                for s in entry.structure):
+        return
+    outs = [r for r, s in zip(rets, entry.structure) if s == ("fresh",)]
+    if len(outs) != len(entry.fresh):
+        return
+    items = []
+    for t, (shape, _, _) in zip(outs, entry.fresh):
+        if not isinstance(t, torch.Tensor):
+            return
+        if tuple(t.shape) == tuple(shape):
+            items.append(None)
+        else:
+            items.append((tuple(t.shape), TAG, getattr(t.untyped_storage(), TAG, None)))
+    if len(plan.held) >= _MAX_HELD:
+        plan.held.clear()
+    pick = None if not expect else (tuple(keep), tuple(expect))
+    plan.held[now[0] if prec is None else (now[0], prec)] = (entry, items, pick)
+    metrics.count("capacity.held_in_c")

@@ -129,7 +129,7 @@ class OpPlan(OpSchema):
     """The schema's facts (lowering/schema.py), the per-key cache, and the scan and
     compile steps of the eager hot path."""
 
-    __slots__ = ("cache", "host_indices", "cspec", "precision", "devices")
+    __slots__ = ("cache", "host_indices", "cspec", "precision", "devices", "held")
 
     def __init__(self, op, lowering):
         super().__init__(op, lowering)
@@ -141,6 +141,7 @@ class OpPlan(OpSchema):
         # a precision-sensitive op's cache is keyed (key, this snapshot): in C too (kernel.cpp)
         self.precision = _precision.snapshot if lowering in _precision.SENSITIVE else None
         self.devices = None  # index -> this op's plan on tpu:index (on_device)
+        self.held = {}  # DeferAndFuse's calls at a capacity, recorded in C (op/capacity.py)
 
     def on_device(self, index: int) -> "OpPlan":
         """This op's plan for tpu:`index` of a process with several devices: the same
@@ -153,7 +154,7 @@ class OpPlan(OpSchema):
         plan = self.devices.get(index)
         if plan is None:
             plan = self.devices[index] = copy.copy(self)
-            plan.cache = {}
+            plan.cache, plan.held = {}, {}
             plan.devices = None
         return plan
 
