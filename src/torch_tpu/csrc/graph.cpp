@@ -33,7 +33,6 @@
 namespace torch_tpu {
 
 PyObject* user_line(PyObject*, PyObject*);                                          // scan.cpp
-bool int_vector(PyObject* seq, c10::SmallVector<int64_t, 6>& out);                  // dispatch.cpp
 void mark_realized(const c10::Storage& storage);  // memory.cpp: count the storage's bytes as allocated device memory
 
 namespace {
@@ -213,41 +212,6 @@ PyType_Spec lazy_spec = {"torch_tpu._C.Lazy", sizeof(LazyObject), 0,
                          Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, lazy_slots};
 
 // ------------------------------------------------------------ recording
-// A call at a capacity (op/capacity.py, OpPlan.held): `held` has per fresh result None, or
-// (sizes, attribute, tag): the result, made at the capacity, takes its true sizes (strides
-// and storage kept) and its storage the capacity tag, as capacity._hold does.
-bool hold_fresh(PyObject* held, PyObject* fresh) {
-  if (held == Py_None) return true;
-  if (!PyList_Check(held) || PyList_GET_SIZE(held) != PyList_GET_SIZE(fresh)) {
-    PyErr_SetString(PyExc_TypeError, "record: held must be a list, one item per fresh result");
-    return false;
-  }
-  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(held); ++k) {
-    PyObject* h = PyList_GET_ITEM(held, k);
-    if (h == Py_None) continue;
-    PyObject* t = PyList_GET_ITEM(fresh, k);
-    c10::SmallVector<int64_t, 6> size;
-    if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 3 || !int_vector(PyTuple_GET_ITEM(h, 0), size)) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "record: a held item is (sizes, attribute, tag)");
-      return false;
-    }
-    const at::Tensor& tensor = THPVariable_Unpack(t);
-    const std::vector<int64_t> strides = tensor.strides().vec();
-    if (static_cast<size_t>(size.size()) != strides.size()) {
-      PyErr_SetString(PyExc_ValueError, "record: held sizes of another rank");
-      return false;
-    }
-    tensor.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides);
-    PyObject* tag = PyTuple_GET_ITEM(h, 2);
-    if (tag == Py_None) continue;
-    PyObject* st = THPStorage_Wrap(tensor.storage());
-    const int rc = st == nullptr ? -1 : PyObject_SetAttr(st, PyTuple_GET_ITEM(h, 1), tag);
-    Py_XDECREF(st);
-    if (rc < 0) return false;
-  }
-  return true;
-}
-
 PyObject* record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if ((nargs != 5 && nargs != 6) || !PyList_Check(args[0]) || !PyList_Check(args[4])) {
     PyErr_SetString(PyExc_TypeError, "record(nodes, entry, bufs, dyns, vals: list[, held])");

@@ -5,6 +5,8 @@
 
 namespace torch_tpu {
 
+bool int_vector(PyObject* seq, c10::SmallVector<int64_t, 6>& out);  // dispatch.cpp
+
 SlotAttr g_fresh("Entry", "fresh"), g_out_recs("Entry", "out_recs"), g_mut_slots("Entry", "mut_slots"),
     g_structure("Entry", "structure");
 
@@ -15,6 +17,41 @@ bool set_record(PyObject* st, PyObject* lazy, PyObject* n, PyObject* dtype) {
   const int rc = PyObject_SetAttr(st, g_record_attr, rec);
   Py_DECREF(rec);
   return rc == 0;
+}
+
+// A call at a capacity (op/capacity.py, OpPlan.held): `held` has per fresh result None, or
+// (sizes, attribute, tag): the result, made at the capacity, takes its true sizes (strides
+// and storage kept) and its storage the capacity tag, as capacity._hold does.
+bool hold_fresh(PyObject* held, PyObject* fresh) {
+  if (held == Py_None) return true;
+  if (!PyList_Check(held) || PyList_GET_SIZE(held) != PyList_GET_SIZE(fresh)) {
+    PyErr_SetString(PyExc_TypeError, "record: held must be a list, one item per fresh result");
+    return false;
+  }
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(held); ++k) {
+    PyObject* h = PyList_GET_ITEM(held, k);
+    if (h == Py_None) continue;
+    PyObject* t = PyList_GET_ITEM(fresh, k);
+    c10::SmallVector<int64_t, 6> size;
+    if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 3 || !int_vector(PyTuple_GET_ITEM(h, 0), size)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "record: a held item is (sizes, attribute, tag)");
+      return false;
+    }
+    const at::Tensor& tensor = THPVariable_Unpack(t);
+    const std::vector<int64_t> strides = tensor.strides().vec();
+    if (static_cast<size_t>(size.size()) != strides.size()) {
+      PyErr_SetString(PyExc_ValueError, "record: held sizes of another rank");
+      return false;
+    }
+    tensor.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides);
+    PyObject* tag = PyTuple_GET_ITEM(h, 2);
+    if (tag == Py_None) continue;
+    PyObject* st = THPStorage_Wrap(tensor.storage());
+    const int rc = st == nullptr ? -1 : PyObject_SetAttr(st, PyTuple_GET_ITEM(h, 1), tag);
+    Py_XDECREF(st);
+    if (rc < 0) return false;
+  }
+  return true;
 }
 
 // What the op returns, per its schema: structure entries are ("fresh",), ("alias", i),

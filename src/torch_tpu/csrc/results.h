@@ -23,6 +23,7 @@ extern SlotAttr g_fresh, g_out_recs, g_mut_slots, g_structure;
 
 bool set_record(PyObject* st, PyObject* value, PyObject* n, PyObject* dtype);
 PyObject* assemble(PyObject* structure, PyObject* vals, PyObject* fresh);
+bool hold_fresh(PyObject* held, PyObject* fresh);  // a call at a capacity's results
 
 // An op's fresh result tensors: new tensors, storage k's buffer record holding
 // value(k, storage) (a new reference: a Lazy when recording, a buffer when run at once).
