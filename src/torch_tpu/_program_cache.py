@@ -71,9 +71,9 @@ class CacheMissError(RuntimeError):
 class Program:
     """One cached program: where it is held, what it cost, why it was compiled."""
 
-    __slots__ = ("ahead", "calls", "compiled", "disk", "donates", "fn", "ident", "key", "kind",
-                 "label", "name", "nbytes", "owner", "pinned", "pins", "precision", "reason",
-                 "seconds", "where", "__weakref__")  # (_AHEAD_PENDING)
+    __slots__ = ("ahead", "aliases", "calls", "compiled", "disk", "donates", "fn", "ident", "key",
+                 "kind", "label", "name", "nbytes", "owner", "pinned", "pins", "precision",
+                 "reason", "seconds", "where", "__weakref__")  # (_AHEAD_PENDING)
 
     def __init__(self, kind, name, where, owner, key, reason, precision=None):
         self.kind, self.name, self.where = kind, name, where
@@ -93,6 +93,7 @@ class Program:
         self.ident = None      # its key in the LRU: id() of what its cache holds
         self.ahead = None      # compiled programs: the future of compile_ahead's work
         self.donates = False   # an op program that donates its first buffer (op_entry)
+        self.aliases = ()      # (table, key): other lookups of an op program (add_alias)
 
     def summary(self) -> dict:
         return {"kind": self.kind, "name": self.name, "where": self.where,
@@ -310,6 +311,20 @@ def _admit(rec, ident):
     _at_exit()
 
 
+def add_alias(entry, table, key) -> bool:
+    """Whether `table[key]` may name the cached op entry `entry` (capacity's calls made in
+    C): the key leaves `table` when the entry's program is evicted, so that no other table
+    keeps its executable alive. False when the entry is not cached, or has many aliases."""
+    with _lock:
+        rec = _LRU.get(id(entry))
+        if rec is None or rec.owner.get(rec.key) is not entry or len(rec.aliases) >= 4096:
+            return False
+        if not rec.aliases:
+            rec.aliases = []
+        rec.aliases.append((table, key))
+        return True
+
+
 def is_held(rec) -> bool:
     """Whether a program is still cached (not evicted: a caller holding it must not run it)."""
     return _LRU.get(rec.ident) is rec
@@ -330,6 +345,8 @@ def _evict(keep=None):
             continue
         del _LRU[ident]
         rec.owner.pop(rec.key, None)
+        for table, key in rec.aliases:
+            table.pop(key, None)
         held = _held[rec.kind]
         held[0] -= 1
         held[1] -= rec.nbytes

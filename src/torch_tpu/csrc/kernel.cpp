@@ -33,7 +33,7 @@ namespace torch_tpu {
 PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs);  // scan.cpp
 PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals);         // scan.cpp
 PyObject* run_op(PyObject* entry, PyObject* fn, PyObject* bufs, PyObject* dyns, PyObject* vals,
-                 bool* retry);                                                  // results.cpp
+                 PyObject* held, bool* retry);                                                  // results.cpp
 PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns,
                     PyObject* vals, PyObject* held);                           // graph.cpp
 bool in_bad_fork();                                                            // memory.cpp
@@ -248,6 +248,33 @@ PyObject* held_dyns(PyObject* pick, PyObject* dyns) {
   return out;
 }
 
+// The op's entry for its scan, and the hold of its results and the scalars it takes (new
+// references; null on a miss, with no error): the cached entry, or for a call on a tensor
+// held at a capacity that route has seen (op/capacity.py _hold_in_c) the entry of its call
+// at the capacity, which the node records or Strict runs, its results then held as route
+// holds them. Measured on nanoGPT's generate (`bench loops`, 128 tokens, ~24 such ops a
+// token), DeferAndFuse: 247 -> 203 ms a call, CPU eager 131 ms; route costs ~35 us an op.
+PyObject* find_entry(KernelObject* k, PyObject* scanned, PyObject** held, PyObject** dyns) {
+  PyObject* key = PyTuple_GET_ITEM(scanned, 0);
+  PyObject* entry = cached_entry(k, key, k->cache);  // borrowed
+  *held = Py_None;
+  *dyns = PyTuple_GET_ITEM(scanned, 2);
+  if (entry == nullptr && !PyErr_Occurred() && PyDict_GET_SIZE(k->held) > 0) {
+    PyObject* at = cached_entry(k, key, k->held);  // borrowed
+    if (at == nullptr || (*dyns = held_dyns(PyTuple_GET_ITEM(at, 2), *dyns)) == nullptr)
+      return nullptr;  // (an offset that is not the one held: Python's route)
+    entry = PyTuple_GET_ITEM(at, 0);
+    *held = PyTuple_GET_ITEM(at, 1);
+  } else if (entry == nullptr) {
+    return nullptr;
+  } else {
+    Py_INCREF(*dyns);
+  }
+  Py_INCREF(*held);
+  Py_INCREF(entry);
+  return entry;
+}
+
 // The recording fast path; returns the op's result, or NOT_HERE for Python's execute.
 PyObject* const NOT_HERE = reinterpret_cast<PyObject*>(1);
 
@@ -276,32 +303,13 @@ PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
     Py_DECREF(scanned);
     return NOT_HERE;
   }
-  PyObject* entry = cached_entry(k, PyTuple_GET_ITEM(scanned, 0), k->cache);  // borrowed
-  // A call with an argument held at a capacity, seen before (op/capacity.py _hold_in_c):
-  // recorded as its call at the capacity, with its results held. Measured on nanoGPT's
-  // generate (`bench loops`, 128 tokens, ~24 such ops a token): 247 -> 203 ms a call, CPU
-  // eager 131 ms; capacity's Python route cost ~35 us an op.
-  PyObject* held = Py_None;
-  PyObject* dyns = PyTuple_GET_ITEM(scanned, 2);
-  if (entry == nullptr && !PyErr_Occurred() && PyDict_GET_SIZE(k->held) > 0) {
-    PyObject* at = cached_entry(k, PyTuple_GET_ITEM(scanned, 0), k->held);  // borrowed
-    if (at != nullptr) {
-      entry = PyTuple_GET_ITEM(at, 0);
-      held = PyTuple_GET_ITEM(at, 1);
-      dyns = held_dyns(PyTuple_GET_ITEM(at, 2), dyns);
-      if (dyns == nullptr) entry = nullptr;  // an offset that is not the one held: Python
-    }
-  } else {
-    Py_INCREF(dyns);
-  }
+  PyObject *held, *dyns;
+  PyObject* entry = find_entry(k, scanned, &held, &dyns);
   if (entry == nullptr) {
     Py_DECREF(nodes);
     Py_DECREF(scanned);
-    Py_XDECREF(dyns);
     return PyErr_Occurred() ? nullptr : NOT_HERE;  // a miss: execute compiles the entry
   }
-  Py_INCREF(held);
-  Py_INCREF(entry);
   PyObject* result = nullptr;
   PyObject* now = nullptr;
   PyObject* fn = g_entry_fn.get(entry);
@@ -367,12 +375,12 @@ PyObject* run_strict(KernelObject* k, PyObject* vals) {
     Py_DECREF(scanned);
     return NOT_HERE;
   }
-  PyObject* entry = cached_entry(k, PyTuple_GET_ITEM(scanned, 0), k->cache);  // borrowed
+  PyObject *held, *dyns;
+  PyObject* entry = find_entry(k, scanned, &held, &dyns);
   if (entry == nullptr) {
     Py_DECREF(scanned);
     return PyErr_Occurred() ? nullptr : NOT_HERE;
   }
-  Py_INCREF(entry);
   PyObject* result = nullptr;
   PyObject* checks = nullptr;
   PyObject* fn = g_entry_fn.get(entry);
@@ -385,7 +393,7 @@ PyObject* run_strict(KernelObject* k, PyObject* vals) {
   }
   {
     bool retry = false;
-    result = run_op(entry, fn, PyTuple_GET_ITEM(scanned, 1), PyTuple_GET_ITEM(scanned, 2), vals, &retry);
+    result = run_op(entry, fn, PyTuple_GET_ITEM(scanned, 1), dyns, vals, held, &retry);
     if (retry) result = NOT_HERE;
     else if (result != nullptr && !count_dispatch(g_strict_counter)) Py_CLEAR(result);
   }
@@ -393,6 +401,8 @@ done:
   Py_XDECREF(fn);
   Py_XDECREF(checks);
   Py_DECREF(entry);
+  Py_DECREF(held);
+  Py_DECREF(dyns);
   Py_DECREF(scanned);
   return result;
 }

@@ -102,7 +102,7 @@ PyObject* assemble(PyObject* structure, PyObject* vals, PyObject* fresh) {
 // new buffers. An exception from `fn` (other than KeyboardInterrupt) is cleared and
 // *retry set: Python's execute runs the op again and maps the error to torch's.
 PyObject* run_op(PyObject* entry, PyObject* fn, PyObject* bufs, PyObject* dyns, PyObject* vals,
-                 bool* retry) {
+                 PyObject* held, bool* retry) {
   *retry = false;
   if (!PyList_Check(bufs) || !PyList_Check(dyns)) {
     PyErr_SetString(PyExc_TypeError, "run_op: bufs and dyns must be lists");
@@ -140,7 +140,8 @@ PyObject* run_op(PyObject* entry, PyObject* fn, PyObject* bufs, PyObject* dyns, 
       return v;
     };
     if (store_fresh(specs, recs, fresh, [&](Py_ssize_t k, PyObject*) { return out(k); }) &&
-        store_mutated(slots, vals, [&](Py_ssize_t k, PyObject*) { return out(nfresh + k); }))
+        store_mutated(slots, vals, [&](Py_ssize_t k, PyObject*) { return out(nfresh + k); }) &&
+        hold_fresh(held, fresh))
       result = assemble(structure, vals, fresh);
   } else if (!PyErr_Occurred()) {
     PyErr_SetString(PyExc_TypeError, "run_op: malformed entry or results");

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import _C, _buckets, _config, metrics
+from .. import _C, _buckets, _config, _program_cache, metrics
 from . import current
 
 TAG = "_tpu_capacity"
@@ -376,7 +376,7 @@ def route(execute, plan, vals):
         return r
 
     held = hold(result) if isinstance(result, torch.Tensor) else type(result)(map(hold, result))
-    if _IN_C and getattr(current.executor(), "deferred", False):
+    if _IN_C:
         _hold_in_c(plan, vals, grown, held)
     return held
 
@@ -386,10 +386,11 @@ _MAX_HELD = 512  # calls held in C per op, past which they start again
 
 
 def _hold_in_c(plan, vals, grown, result):
-    """Let DeferAndFuse's C path record this call as route just did, with no Python: under
-    the call's own key, the entry of its call at the capacity and how each result is held
-    (OpPlan.held, csrc/kernel.cpp). The node is the entry's at the capacity, so the graph
-    of a step is one program at every length of a capacity, as before. Only where that
+    """Let the C paths (DeferAndFuse's recording, Strict's run) make this call as route just
+    did, with no Python: under the call's own key, the entry of its call at the capacity
+    and how each result is held (OpPlan.held, csrc/kernel.cpp find_entry). A node is the
+    entry's at the capacity, so the graph of a step is one program at every length of a
+    capacity, as before. Only where that
     entry makes every result fresh, and the call's buffers and scalars are the same objects
     at both sizes (a held tensor is its storage's first rows); returns that are values
     (attention's sizes) are the entry's at both."""
@@ -412,6 +413,8 @@ def _hold_in_c(plan, vals, grown, result):
     entry = plan.cache.get(at[0] if prec is None else (at[0], prec))
     if entry is None or entry.fn is None or entry.mut_slots or entry.fresh is None:
         return
+    if entry.checks is not None and not getattr(current.executor(), "deferred", False):
+        return  # (Strict runs an op with device-side asserts in Python)
     rets = [result] if isinstance(result, torch.Tensor) else list(result)
     if len(rets) != len(entry.structure) or any(s[0] not in ("fresh", "value")
                                                 for s in entry.structure):
@@ -430,5 +433,7 @@ def _hold_in_c(plan, vals, grown, result):
     if len(plan.held) >= _MAX_HELD:
         plan.held.clear()
     pick = None if not expect else (tuple(keep), tuple(expect))
-    plan.held[now[0] if prec is None else (now[0], prec)] = (entry, items, pick)
+    key = now[0] if prec is None else (now[0], prec)
+    if _program_cache.add_alias(entry, plan.held, key):
+        plan.held[key] = (entry, items, pick)
     metrics.count("capacity.held_in_c")

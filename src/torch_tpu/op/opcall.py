@@ -141,7 +141,7 @@ class OpPlan(OpSchema):
         # a precision-sensitive op's cache is keyed (key, this snapshot): in C too (kernel.cpp)
         self.precision = _precision.snapshot if lowering in _precision.SENSITIVE else None
         self.devices = None  # index -> this op's plan on tpu:index (on_device)
-        self.held = {}  # DeferAndFuse's calls at a capacity, recorded in C (op/capacity.py)
+        self.held = {}  # calls on held tensors, made in C at the capacity (op/capacity.py)
 
     def on_device(self, index: int) -> "OpPlan":
         """This op's plan for tpu:`index` of a process with several devices: the same
