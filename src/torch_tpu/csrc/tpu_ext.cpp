@@ -479,7 +479,7 @@ void add_dispatch_functions(PyObject* module);  // dispatch.cpp: register_op_ker
 void add_scan_functions(PyObject* module);   // scan.cpp: the executors' per-op key scan
 void add_scan_graph_functions(PyObject* module);  // scan_graph.cpp: a compiled graph's call scan
 void add_graph_functions(PyObject* module);  // graph.cpp: DeferAndFuse's Node, Lazy, record
-void add_kernel_functions(PyObject* module);  // kernel.cpp: OpKernel, LoopDetector
+void add_kernel_functions(PyObject* module);  // kernel.cpp: OpKernel (and loop.cpp's LoopDetector)
 void add_direct_functions(PyObject* module);  // direct.cpp: DirectCall
 void add_graph_impl(py::module_& m);  // graphs.cpp: torch.accelerator.Graph's tpu implementation
 void add_cpu_kernel_functions(py::module_& m);  // cpu_kernels.cpp: ATen kernels in XLA:CPU programs
