@@ -390,10 +390,10 @@ def _hold_in_c(plan, vals, grown, result):
     did, with no Python: under the call's own key, the entry of its call at the capacity
     and how each result is held (OpPlan.held, csrc/kernel.cpp find_entry). A node is the
     entry's at the capacity, so the graph of a step is one program at every length of a
-    capacity, as before. Only where that
-    entry makes every result fresh, and the call's buffers and scalars are the same objects
-    at both sizes (a held tensor is its storage's first rows); returns that are values
-    (attention's sizes) are the entry's at both."""
+    capacity, as before. Only where that entry makes every result fresh, and the call's
+    buffers and scalars are the same objects at both sizes (a held tensor is its storage's
+    first rows); returns that are values (attention's sizes) are the entry's at both, as
+    route returns them. The alias leaves with the entry's program (add_alias)."""
     now, at = _C.scan(plan, vals), _C.scan(plan, grown)
     if (now is None or at is None or len(now[1]) != len(at[1])
             or any(a is not b for a, b in zip(now[1], at[1]))):
@@ -436,4 +436,4 @@ def _hold_in_c(plan, vals, grown, result):
     key = now[0] if prec is None else (now[0], prec)
     if _program_cache.add_alias(entry, plan.held, key):
         plan.held[key] = (entry, items, pick)
-    metrics.count("capacity.held_in_c")
+        metrics.count("capacity.held_in_c")
