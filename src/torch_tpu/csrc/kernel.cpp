@@ -33,7 +33,7 @@ namespace torch_tpu {
 PyObject* normalize_values(PyObject* spec, PyObject* args, PyObject* kwargs);  // scan.cpp
 PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals);         // scan.cpp
 PyObject* run_op(PyObject* entry, PyObject* fn, PyObject* bufs, PyObject* dyns, PyObject* vals,
-                 PyObject* held, bool* retry);                                                  // results.cpp
+                 PyObject* held, bool* retry);                                 // results.cpp
 PyObject* record_op(PyObject* nodes, PyObject* entry, PyObject* bufs, PyObject* dyns,
                     PyObject* vals, PyObject* held);                           // graph.cpp
 bool in_bad_fork();                                                            // memory.cpp
@@ -139,7 +139,7 @@ PyObject* held_dyns(PyObject* pick, PyObject* dyns) {
 // references; null on a miss, with no error): the cached entry, or for a call on a tensor
 // held at a capacity that route has seen (op/capacity.py _hold_in_c) the entry of its call
 // at the capacity, which the node records or Strict runs, its results then held as route
-// holds them. Measured on nanoGPT's generate (`bench loops`, 128 tokens, ~24 such ops a
+// holds them. Measured on nanoGPT's generate (`bench loops`, 128 tokens, ~26 such ops a
 // token), DeferAndFuse: 247 -> 203 ms a call, CPU eager 131 ms; route costs ~35 us an op.
 PyObject* find_entry(KernelObject* k, PyObject* scanned, PyObject** held, PyObject** dyns) {
   PyObject* key = PyTuple_GET_ITEM(scanned, 0);

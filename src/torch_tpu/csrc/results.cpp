@@ -34,7 +34,8 @@ bool hold_fresh(PyObject* held, PyObject* fresh) {
     PyObject* t = PyList_GET_ITEM(fresh, k);
     c10::SmallVector<int64_t, 6> size;
     if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 3 || !int_vector(PyTuple_GET_ITEM(h, 0), size)) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "record: a held item is (sizes, attribute, tag)");
+      if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "record: a held item is (sizes, attribute, tag)");
       return false;
     }
     const at::Tensor& tensor = THPVariable_Unpack(t);
