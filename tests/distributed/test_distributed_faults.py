@@ -101,7 +101,10 @@ def _assert_names_dead_rank(out: str, victim: int) -> None:
 # the killed rank, and the last checkpoint must hold exactly the values of another run's
 # checkpoint at the same step (the collectives-phase runs train to the end and keep every
 # checkpoint: they are each other's and the training kills' reference).
-KILL_STEPS = 12
+# The victim is killed once it has written step KILL_AT_STEP: the steps after it must
+# outlast the test's poll (50 ms) and the kill, so that it lands mid-training. 12 steps
+# were too few once warm steps got fast (the job reached step 12 first, in a full run).
+KILL_STEPS = 36  # (a multiple of the script's CKPT_EVERY: its last step is checkpointed)
 KILL_AT_STEP = 7
 _KILLS: dict = {}
 
