@@ -37,9 +37,10 @@ switched, a new model); the program of an equal region is reused (capture's prog
 cache). The step captured holds only what a replay repeats exactly: the logits warpers
 that read the scores alone (`_WARPERS`), the minimum lengths (`_LENGTH_FLOORS`: EOS barred
 with the length as data), and the EOS stopping criterion (max length and max time are
-checked on the host between launches). Other processors or criteria, scores or logits returned, a streamer, or a region capture refuses
-(CaptureError) decode op by op, counted in `generate_uncaptured` with the reason in
-`uncaptured_reasons()`; TORCH_TPU_CAPTURED_GENERATE=0 turns it off. A compiled forward
+checked on the host between launches). Other processors or criteria, scores or logits
+returned, a streamer, or a region capture refuses (CaptureError) decode op by op, counted
+in `generate_uncaptured` with the reason in `uncaptured_reasons()`;
+TORCH_TPU_CAPTURED_GENERATE=0 turns it off. A compiled forward
 (cache_implementation="static") is captured too, from its first call: its graph is one node
 of the step (compile/program.py records a first call from an abstract trace), so it compiles
 once, inside the step's program, and the eager ops around it replay with it (before: 69
