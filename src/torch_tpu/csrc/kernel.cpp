@@ -89,20 +89,21 @@ bool count_dispatch(PyObject* counter) {
   return rc == 0;
 }
 
-// The op's cached entry for a scanned key (borrowed), or null (a miss, or an error set).
-// A precision-sensitive op's entries are keyed (key, snapshot of the settings now), as in
-// _program_cache.op_entry. Measured on the small Llama's decode step in DeferAndFuse
-// (22 matmuls a token of 164 ops): the matmuls took Python's execute before, ~35 us each.
-PyObject* cached_entry(KernelObject* k, PyObject* key, PyObject* cache) {
-  if (k->precision == nullptr) return PyDict_GetItemWithError(cache, key);
+// The key of a scanned call in the op's caches (a new reference, or null with an error
+// set). A precision-sensitive op's entries are keyed (key, snapshot of the settings now),
+// as in _program_cache.op_entry. Measured on the small Llama's decode step in
+// DeferAndFuse (22 matmuls a token of 164 ops): the matmuls took Python's execute before,
+// ~35 us each.
+PyObject* lookup_of(KernelObject* k, PyObject* key) {
+  if (k->precision == nullptr) {
+    Py_INCREF(key);
+    return key;
+  }
   PyObject* prec = PyObject_CallNoArgs(k->precision);
   if (prec == nullptr) return nullptr;
   PyObject* lookup = PyTuple_Pack(2, key, prec);
   Py_DECREF(prec);
-  if (lookup == nullptr) return nullptr;
-  PyObject* entry = PyDict_GetItemWithError(cache, lookup);  // borrowed: the dict holds it
-  Py_DECREF(lookup);
-  return entry;
+  return lookup;
 }
 
 // A held call's scalars (op/capacity.py _hold_in_c): `pick` None, the scanned ones; else
@@ -142,13 +143,18 @@ PyObject* held_dyns(PyObject* pick, PyObject* dyns) {
 // holds them. Measured on nanoGPT's generate (`bench loops`, 128 tokens, ~26 such ops a
 // token), DeferAndFuse: 247 -> 203 ms a call, CPU eager 131 ms; route costs ~35 us an op.
 PyObject* find_entry(KernelObject* k, PyObject* scanned, PyObject** held, PyObject** dyns) {
-  PyObject* key = PyTuple_GET_ITEM(scanned, 0);
-  PyObject* entry = cached_entry(k, key, k->cache);  // borrowed
+  PyObject* lookup = lookup_of(k, PyTuple_GET_ITEM(scanned, 0));
+  if (lookup == nullptr) return nullptr;
+  // borrowed (the dicts hold them); no Python code runs before the references are taken
+  PyObject* entry = PyDict_GetItemWithError(k->cache, lookup);
+  PyObject* at = entry == nullptr && !PyErr_Occurred() && PyDict_GET_SIZE(k->held) > 0
+                     ? PyDict_GetItemWithError(k->held, lookup)
+                     : nullptr;
+  Py_DECREF(lookup);
   *held = Py_None;
   *dyns = PyTuple_GET_ITEM(scanned, 2);
-  if (entry == nullptr && !PyErr_Occurred() && PyDict_GET_SIZE(k->held) > 0) {
-    PyObject* at = cached_entry(k, key, k->held);  // borrowed
-    if (at == nullptr || (*dyns = held_dyns(PyTuple_GET_ITEM(at, 2), *dyns)) == nullptr)
+  if (at != nullptr) {
+    if ((*dyns = held_dyns(PyTuple_GET_ITEM(at, 2), *dyns)) == nullptr)
       return nullptr;  // (an offset that is not the one held: Python's route)
     entry = PyTuple_GET_ITEM(at, 0);
     *held = PyTuple_GET_ITEM(at, 1);

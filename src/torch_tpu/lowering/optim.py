@@ -8,9 +8,10 @@ registry's rule; a compiled graph that calls them holds the functional ones dire
 
 Each element goes through the foreach path's sequence of ops (torch/optim/adam.py
 `_multi_tensor_adam`, sgd.py `_multi_tensor_sgd`, adagrad.py `_multi_tensor_adagrad`),
-computed by the same elementwise lowerings, so fused=True and foreach=True agree to the bit or within 1 ulp. torch's CUDA
-kernel (cuda/fused_adam_utils.cuh) writes the same math in another order (a hand-written
-lerp, `param -= lr * wd * param`), which differs from foreach by an ulp here and there;
+computed by the same elementwise lowerings, so fused=True and foreach=True agree to the bit
+or within 1 ulp. torch's CUDA kernel (cuda/fused_adam_utils.cuh) writes the same math in
+another order (a hand-written lerp, `param -= lr * wd * param`), which differs from foreach
+by an ulp here and there;
 matching foreach keeps switching between the two a no-op. The hyperparameter arithmetic
 (bias corrections, `1 - lr * wd`, `-lr`) is done in float64, as the foreach path does it
 on Python floats, from the float32 step counts the optimizer keeps; those floats are

@@ -32,8 +32,7 @@ def run_isolated(kind: str, units: list, options: dict, on_result, progress=None
     return None
 
 
-def _one_child(kind, units, options, on_result, progress,
-               hard_timeout) -> tuple:
+def _one_child(kind, units, options, on_result, progress, hard_timeout) -> tuple:
     """-> (the units it did not finish, the unit it died in or None)."""
     with tempfile.TemporaryDirectory(prefix="torch_tpu_validate_") as tmp:
         spec, log = os.path.join(tmp, "spec.json"), os.path.join(tmp, "events.jsonl")
