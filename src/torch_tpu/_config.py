@@ -118,6 +118,12 @@ _DECLARED = [
             "ops that have no tpu lowering yet run on the CPU (slow; counted in "
             "`torch_tpu.metrics` and warned once per op) instead of raising "
             "`NotImplementedError`. Also `torch_tpu.set_cpu_fallback(True)`"),
+    Setting("TORCH_TPU_READ_TIMEOUT_S", "float", 1800.0, IMPORT,
+            "a read of device values (`.item()`, `.cpu()`, synchronize, each op in Debug "
+            "mode) that waits this long for a value that never becomes ready ends the "
+            "process with a message naming the read or op, its line and every thread's "
+            "stack, as NCCL's watchdog does (_waits.py); under tpu_dist at least the "
+            "group's timeout plus a minute; 0: wait forever"),
     Setting("TORCH_TPU_DEBUG_NAN_CHECK", "bool", True, PER_OP,
             "Debug mode: an op that turns finite inputs into NaN or Inf raises "
             "`TpuNonFiniteError`"),

@@ -10,7 +10,8 @@ import torch
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import _C  # noqa: E402  (the C++ piece: allocator, generator, guard, hooks)
-from . import _amp, _backends, _binding, _memory, _memory_history, _patches, _runtime, _streams  # noqa: E402
+from . import _amp, _backends, _binding, _memory, _memory_history, _patches  # noqa: E402
+from . import _runtime, _streams, _waits  # noqa: E402
 from ._rng import check_state, default_generator  # noqa: E402
 from .op import asserts, current  # noqa: E402
 
@@ -90,6 +91,7 @@ def synchronize(device=None) -> None:
     """Wait until every op dispatched so far has finished."""
     _runtime.check_not_forked()
     current.flush_pending("synchronize")
+    _waits.begin("torch.tpu.synchronize()")
     try:
         for arr in _runtime.jax_live_arrays():
             arr.block_until_ready()
@@ -97,6 +99,8 @@ def synchronize(device=None) -> None:
     except Exception as e:
         _runtime.check_read(e)
         raise
+    finally:
+        _waits.end()
     _runtime.check_read()
     asserts.check(wait=True)  # device-side asserts (op/asserts.py)
 

@@ -33,7 +33,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from . import _C, _binding, _config, _cpu_kernels, _jax_internals, metrics  # noqa: E402
+from . import _C, _binding, _config, _cpu_kernels, _jax_internals, _waits, metrics  # noqa: E402
 
 _cpu_kernels.install()  # (XLA:CPU's bf16 dot is ~10x slower than ATen's)
 _jax_internals.reuse_ir_contexts()  # (each program's lowering would make its own)
@@ -302,12 +302,15 @@ def check_read(error: Exception | None = None) -> None:
 def to_host(arr: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """An XLA array -> a CPU tensor of `dtype` with the same shape (waits for the value)."""
     check_not_forked()
+    _waits.begin(("a read to the host", arr))
     try:
         host = np.asarray(arr)
     except Exception as e:
         check_read(e)
         raise_if_out_of_memory(e, "computing a value read to the host")  # (an async failure)
         raise
+    finally:
+        _waits.end()
     if _READ_GUARDS:
         check_read()
     carrier = _HOST_CARRIER.get(dtype)

@@ -38,7 +38,7 @@ import datetime
 
 import torch.distributed as dist
 
-from .. import _runtime
+from .. import _runtime, _waits
 from . import _bootstrap
 from .collectives import CollectiveMismatch
 from .process_group import ProcessGroupTPU
@@ -63,6 +63,7 @@ def _timeout_s(timeout) -> float:
 def _create(opts, backend_options=None) -> ProcessGroupTPU:
     """The creator torch calls for every new group on this backend."""
     timeout = _timeout_s(opts.timeout)
+    _waits.at_least(timeout + 60)  # the group's watchdog names the rank at fault first
     ranks = list(opts.global_ranks_in_group or [])
     size = opts.group_size
     if not _bootstrap.is_initialized():

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _config, _runtime, _storage, _tolerances, _transfer, _tree, metrics
+from .. import _config, _runtime, _storage, _tolerances, _transfer, _tree, _waits, metrics
 from .._frames import user_location
 from ..lowering.registry import bounds_of
 from ..op import refusals
@@ -375,7 +375,12 @@ class DebugExecutor(StrictExecutor):
         try:
             result = super().execute(plan, vals)
             outs = _outputs(plan, vals, result)
-            jax.block_until_ready([_storage.record(t.untyped_storage(), t.dtype)[0] for t in outs])
+            _waits.begin(plan.name)
+            try:
+                jax.block_until_ready([_storage.record(t.untyped_storage(), t.dtype)[0]
+                                       for t in outs])
+            finally:
+                _waits.end()
         except Exception as e:
             if not isinstance(e, TpuDebugError):
                 e.add_note(f"torch_tpu debug: raised by {plan.name} at {user_location()}")
