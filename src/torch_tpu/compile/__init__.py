@@ -28,7 +28,7 @@ import warnings
 
 from .. import _config, _patches, metrics
 from ..lowering import decomp
-from . import rewrites
+from . import fakes, rewrites
 from .lower import UnsupportedGraph
 from .program import Program
 
@@ -93,6 +93,7 @@ def setup_dynamo() -> None:
     """What dynamo needs before it traces anything for tpu; idempotent."""
     _skip_runtime_frames()
     _patches.apply_with_dynamo()
+    fakes.register()
 
 
 def _skip_runtime_frames() -> None:

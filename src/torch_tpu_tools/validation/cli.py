@@ -15,6 +15,7 @@ from . import _env, torchtitan
 from .conformance import MODES as CONFORMANCE_MODES, SAMPLE as CONFORMANCE_SAMPLE
 
 MODES = ("strict", "debug", "defer_and_fuse")
+MODEL_MODES = MODES + ("compiled",)  # compiled: torch.compile(model, backend="tpu")
 _WRITES = "the results (validation/*.json), VALIDATION.md and the coverage plot"
 
 
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only the pairs that failed in the stored results of this mode")
     _common(o, timeout=300)
     m = sub.add_parser("models", help="the model-zoo sweep: transformers model types, tpu vs CPU")
-    m.add_argument("--mode", choices=MODES, default="strict")
+    m.add_argument("--mode", choices=MODEL_MODES, default="strict")
     m.add_argument("--types", default="", help="comma-separated model types (default: all)")
     m.add_argument("--cpu-only", action="store_true",
                    help="only check that the harness runs each type on CPU (shrinker work)")
@@ -56,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                             "(docs/TORCHTITAN.md; scripts/torchtitan.sh)"))
     r = sub.add_parser("report", help="rewrite OUT/VALIDATION.md, the plot and the expected "
                                       "failures from the stored results")
-    r.add_argument("--mode", choices=MODES, default="strict")
+    r.add_argument("--mode", choices=MODEL_MODES, default="strict")
     common.add_output_arguments(r, _WRITES, no_write=False)
 
 

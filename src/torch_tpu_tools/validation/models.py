@@ -3,10 +3,14 @@ sequence-classification, image-classification and base mappings, shrunk to a tin
 (shrink.py), with random weights, offline.
 
 Each type is built once, for the first of those tasks it has (in that order). The forward
-runs on CPU, then the same module, moved to tpu, runs it again in the chosen eager mode, and
-the main output (the logits; a base model's last hidden state) is compared. Causal LMs
-also take one backward step of their LM loss on both devices, and every parameter's
-gradient is compared. Failures are recorded with their error class.
+runs on CPU, then the same module, moved to tpu, runs it again in the chosen mode (an
+eager mode, or "compiled": torch.compile(model, backend="tpu") in Strict), and the main
+output (the logits; a base model's last hidden state) is compared. Then one training
+step (training.py: forward, the head's loss, backward, AdamW) runs on CPU in float32 and
+float64 and on tpu, and the output, loss, every gradient and every parameter after the
+step are judged against float64 as PyTorch judges backends. Models whose forward draws
+random numbers are judged on the forward's statistics only. Failures are recorded with
+their error class.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import time
 import torch
 
 from .. import workloads
-from . import compare, inputs, shrink, tolerances
+from . import compare, inputs, shrink, tolerances, training
 from .ops import _SeededOps, classify, time_limit, _Timeout
 
 TASKS = [  # (task, mapping name), in the order a model type's task is chosen
@@ -89,61 +93,55 @@ def _build(model_type: str, cls_name: str, task: str, level: str):
     return config, model, n
 
 
-def _forward(model, kwargs, labels: bool):
-    if labels:  # the loss run, for its gradients
-        return model(**kwargs, labels=kwargs["input_ids"])
+def _forward(model, kwargs):
     # No autograd graph: one would keep references to the parameters, and moving a module
     # to tpu swaps each parameter in place, which torch refuses for a referenced tensor.
     with torch.no_grad():
         return model(**kwargs)
 
 
-def _run_cpu(model, config, task):
-    """(label, kwargs, output, seeded, loss_grads) of the first input set that runs."""
+def _run_cpu(model, config):
+    """(label, kwargs, output, seeded) of the first input set that runs."""
     err = None
     for label, kw in inputs.candidates(model, config):
         watch = _SeededOps()
         try:
             with watch:
-                out = _forward(model, kw, labels=False)
+                out = _forward(model, kw)
             main_output(out)
         except Exception as e:  # the next input set may suit the model better
             err = err or e  # the most likely input set's error is the one to report
             continue
-        grads = None
-        if task == "causal-lm" and "input_ids" in kw:
-            try:
-                grads = _loss_grads(model, kw)
-            except Exception:
-                grads = None
-        return label, kw, out, watch.seeded, grads
+        return label, kw, out, watch.seeded
     raise err if err is not None else TypeError("no input set fits the forward signature")
 
 
-def _loss_grads(model, kw):
-    model.zero_grad(set_to_none=True)
-    out = _forward(model, kw, labels=True)
-    out.loss.backward()
-    g = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()
-         if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return out.loss.detach().cpu(), g
-
-
-def _compare_grads(want, got) -> str | None:
-    (wl, wg), (gl, gg) = want, got
-    rtol, atol = tolerances.MODEL_GRADS
-    r = compare.tensor_close(wl, gl, rtol, atol, "loss")
-    if r:
-        return r
-    if set(wg) != set(gg):
-        missing = sorted(set(wg) ^ set(gg))[:3]
-        return f"gradients for different parameters: {missing}"
-    for name in wg:
-        r = compare.tensor_close(wg[name], gg[name], rtol, atol, f"grad {name}")
-        if r:
-            return r
+def _train_cpu(model, config, task, kw):
+    """(label kwargs, CPU float32's step, float64's step or None), or None when no step
+    runs on CPU (the head's loss, then a projection of the output, are tried)."""
+    tried = [training.labels(task, model, config, kw)]
+    if tried[0]:
+        tried.append({})
+    for label_kw in tried:
+        wide = _in_float64(model, kw)
+        try:
+            step = training.step(model, kw, label_kw, main_output)
+        except Exception:  # noqa: BLE001  (the next loss may suit the head)
+            continue
+        if wide is not None:
+            try:
+                wide = training.step(wide[0], wide[1], label_kw, main_output)
+            except Exception:  # noqa: BLE001  (no float64 reference: fixed tolerances)
+                wide = None
+        return label_kw, step, wide
     return None
+
+
+def _in_float64(model, kw):
+    try:
+        return training.in_float64(model, kw)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _twin(model):
@@ -171,7 +169,7 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                     # derived from buffers on first use (Mimi's codebook), which a
                     # later .to() does not move
                     twin = _twin(model)
-                    label, kw, out, seeded, grads = _run_cpu(model, config, task)
+                    label, kw, out, seeded = _run_cpu(model, config)
                     break
                 except _Timeout:
                     raise
@@ -184,6 +182,7 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                 return {**res, "status": "cpu_fail", "error": type(e).__name__,
                         "detail": _first_line(e), "tried": tried, "seconds": _since(t0)}
             res.update(level=level, params=n, inputs=label, random=seeded)
+            train = None if seeded or cpu_only else _train_cpu(model, config, task, kw)
             if cpu_only:
                 return {**res, "status": "cpu_ok", "seconds": _since(t0)}
             key, want = main_output(out)
@@ -192,11 +191,16 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                 on_tpu()
             try:
                 cpu_model = model
-                with torch_tpu.eager_mode(mode):
+                if mode == "compiled":
+                    torch._dynamo.reset()  # each type's graphs on their own
+                with torch_tpu.eager_mode("strict" if mode == "compiled" else mode):
                     model = twin.to("tpu")
+                    run = torch.compile(model, backend="tpu") if mode == "compiled" else model
                     kw_t = {k: v.to("tpu") for k, v in kw.items()}
-                    got = main_output(_forward(model, kw_t, labels=False))[1].detach().cpu()
-                    got_grads = _loss_grads(model, kw_t) if grads is not None else None
+                    got = main_output(_forward(run, kw_t))[1].detach().cpu()
+                    got_step = None if train is None else training.step(
+                        model, kw_t, {k: v.to("tpu") for k, v in train[0].items()},
+                        main_output, run)
             except _Timeout:
                 raise
             except Exception as e:
@@ -212,9 +216,11 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
             else:
                 rtol, atol = tolerances.MODEL_LOGITS
                 reason = compare.tensor_close(want, got, rtol, atol, key)
-            if reason is None and grads is not None and not seeded:
-                reason = _compare_grads(grads, got_grads)
-            res["backward"] = grads is not None
+            if reason is None and train is not None:
+                reason = training.compare_steps(train[1], got_step, train[2])
+            res["train"] = "none" if train is None else \
+                f"{'labels' if train[0] else 'projection'}, " + \
+                ("float64" if train[2] is not None else "float32 tolerances")
             if reason:
                 return {**res, "status": "mismatch", "error": "Mismatch", "detail": reason,
                         "seconds": _since(t0)}
@@ -231,7 +237,7 @@ def _random_shape(model, kw, want) -> bool:
     """Whether another CPU run, with another seed, gives an output of another shape."""
     torch.manual_seed(12345)
     with torch.no_grad():
-        return main_output(_forward(model, kw, labels=False))[1].shape != want.shape
+        return main_output(_forward(model, kw))[1].shape != want.shape
 
 
 def _first_line(e: BaseException) -> str:

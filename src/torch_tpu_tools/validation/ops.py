@@ -172,9 +172,23 @@ class _SeededOps(TorchDispatchMode):
         self.seeded = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            self.seeded = True
+        if not self.seeded and torch.Tag.nondeterministic_seeded in func.tags:
+            self.seeded = _draws(func, args, kwargs or {})
         return func(*args, **(kwargs or {}))
+
+
+def _draws(func, args, kwargs) -> bool:
+    """Whether a seeded op draws this time: attention kernels carry the tag for their
+    dropout, and draw nothing at dropout_p 0 (every transformers model in eval mode); a
+    dropout draws only in training."""
+    schema = func._schema.arguments
+    given = {a.name: a.default_value for a in schema if a.has_default_value()}
+    given.update(zip((a.name for a in schema), args), **kwargs)
+    if "dropout_p" in given:
+        return float(given["dropout_p"] or 0.0) > 0.0
+    if "train" in given and "p" in given:
+        return bool(given["train"]) and float(given["p"]) > 0.0
+    return True
 
 
 def _run(fn, sample, device, seed, grad=True, watch=None, name=""):

@@ -1,0 +1,121 @@
+"""One training step of a zoo model, and how tpu's step is judged (issue 54).
+
+The step is what a user's loop does once: forward, the loss, backward, one AdamW step.
+The loss is the head's own, with labels made to fit (the ids for language-model heads, a
+class per row for classifiers); a head without one (a base model) takes a fixed random
+projection of its main output, summed, so that every gradient carries signal (a plain sum
+of a normalized output has gradients that are only rounding noise). Models run in eval
+mode: dropout would draw different numbers on each device.
+
+The judge is PyTorch's own for backends (torch._dynamo.utils.same with a float64
+reference, as its benchmark accuracy checks run it): the same step runs on CPU in float32
+and in float64, and a tpu tensor fails only when its RMSE from the float64 result exceeds
+MULTIPLIER times CPU float32's own RMSE from it, plus TOL / 10 (tolerances.py). The output,
+the loss, every gradient and every parameter after the step are judged. A model that
+cannot run in float64 on CPU is judged against CPU float32 with the fixed model tolerances.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from . import compare, tolerances
+
+LR = 1e-3
+
+
+def labels(task: str, model, config, kw: dict) -> dict:
+    """Keyword arguments that make the head compute its own loss ({} for none)."""
+    ids = kw.get("input_ids")
+    if task in ("causal-lm", "masked-lm") and ids is not None:
+        return {"labels": ids}
+    if task in ("seq-cls", "image-cls"):
+        n = int(getattr(config, "num_labels", 2) or 2)
+        rows = next(v for v in kw.values() if isinstance(v, torch.Tensor)).shape[0]
+        return {"labels": torch.arange(rows) % n}
+    return {}
+
+
+def projection(out: torch.Tensor) -> torch.Tensor:
+    """The fixed weights of a head without a loss: loss = (out * w).sum()."""
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(out.shape, generator=g, dtype=torch.float64)
+
+
+def step(model, kw: dict, label_kw: dict, main_output, run=None) -> dict:
+    """forward, loss, backward, AdamW: every value a user would look at, on CPU.
+    `run` calls the model (a torch.compile'd one); the parameters are `model`'s."""
+    run = model if run is None else run
+    model.zero_grad(set_to_none=True)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+    result = run(**kw, **label_kw)
+    _, out = main_output(result)
+    if label_kw and getattr(result, "loss", None) is not None:
+        loss = result.loss
+    else:
+        loss = (out * projection(out).to(out.device, out.dtype)).sum()
+    loss.backward()
+    grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()
+             if p.grad is not None}
+    opt.step()
+    params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()
+              if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return {"out": out.detach().cpu().clone(), "loss": loss.detach().cpu().clone(),
+            "grads": grads, "params": params}
+
+
+def in_float64(model, kw: dict):
+    """(a float64 copy of `model`, the inputs with their floating tensors in float64)."""
+    wide = copy.deepcopy(model).to(torch.float64)
+    return wide, {k: v.to(torch.float64) if isinstance(v, torch.Tensor) and
+                  v.is_floating_point() else v for k, v in kw.items()}
+
+
+def _rmse(ref: torch.Tensor, x: torch.Tensor) -> float:
+    return float((ref.double() - x.double()).pow(2).mean().sqrt())
+
+
+def judged(wide: torch.Tensor, cpu: torch.Tensor, tpu: torch.Tensor, what: str) -> str | None:
+    """None when tpu's value is as close to float64's as CPU float32's is (module doc)."""
+    if tuple(tpu.shape) != tuple(cpu.shape) or tpu.dtype != cpu.dtype:
+        return compare.tensor_close(cpu, tpu, 0.0, 0.0, what)
+    if cpu.numel() == 0 or not cpu.is_floating_point():
+        return compare.tensor_close(cpu, tpu, 0.0, 0.0, what)
+    bad = torch.isnan(tpu) & ~torch.isnan(cpu)
+    if bool(bad.any()):
+        return f"{what}: {int(bad.sum())} NaN where CPU has none"
+    keep = torch.isfinite(wide) & torch.isfinite(cpu) & torch.isfinite(tpu)
+    w, c, t = wide[keep], cpu[keep], tpu[keep]
+    if w.numel() == 0:
+        return None
+    ref, res = _rmse(w, c), _rmse(w, t)
+    mult = tolerances.F64_MULTIPLIER_SMALL if cpu.numel() < 1000 else \
+        tolerances.F64_MULTIPLIER
+    if res <= mult * ref + tolerances.F64_TOL / 10:
+        return None
+    return (f"{what}: RMSE from float64 {res:.3g}, CPU float32's {ref:.3g} "
+            f"(allowed {mult:g}x + {tolerances.F64_TOL / 10:g})")
+
+
+def compare_steps(cpu: dict, tpu: dict, wide: dict | None) -> str | None:
+    """The first value of tpu's step that fails its judge (module doc), or None."""
+    for key in ("grads", "params"):
+        if set(cpu[key]) != set(tpu[key]):
+            return f"{key} of different parameters: {sorted(set(cpu[key]) ^ set(tpu[key]))[:3]}"
+    pairs = [("out", cpu["out"], tpu["out"], None if wide is None else wide["out"]),
+             ("loss", cpu["loss"], tpu["loss"], None if wide is None else wide["loss"])]
+    for key in ("grads", "params"):
+        pairs += [(f"{key[:-1]} {n}", cpu[key][n], tpu[key][n],
+                   None if wide is None else wide[key][n]) for n in cpu[key]]
+    for what, c, t, w in pairs:
+        if w is not None:
+            reason = judged(w, c, t, what)
+        else:
+            rtol, atol = tolerances.MODEL_LOGITS if what in ("out", "loss") else \
+                tolerances.MODEL_GRADS
+            reason = compare.tensor_close(c, t, rtol, atol, what)
+        if reason:
+            return reason
+    return None
