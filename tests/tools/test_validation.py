@@ -1,6 +1,7 @@
 """A fixed, representative subset of both sweeps (`python -m torch_tpu validate`), run in
 the default test run: about 60 OpInfo ops (the first samples of each, forward and
-gradient) and 15 transformers architectures, in Strict mode, plus the judges themselves.
+gradient) in Strict mode; 15 transformers architectures in Strict mode and 6 of them in
+DeferAndFuse and compiled (forward and a training step each); plus the judges themselves.
 
 Known failures come from one home, the files the Strict sweeps' report step generates
 (`python -m torch_tpu validate report`): torch_tpu_tools/validation/expected/ops.json and
@@ -18,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from torch_tpu_tools.validation import compare, ops, report, shrink
+from torch_tpu_tools.validation import compare, ops, report, shrink, zoo_report
 
 # one or two ops of each family: pointwise, comparison, reduction, (values, indices),
 # linear algebra, nn, random, shape, indexing, creation
@@ -40,6 +41,9 @@ SAMPLES = 4  # the first samples of each op: the full sweep runs all of them
 
 MODELS = ["llama", "gpt2", "bert", "t5", "mistral", "qwen2", "mixtral", "opt", "roberta",
           "distilbert", "vit", "resnet", "convnext", "whisper", "gemma"]
+# the types also checked in the modes that fuse or compile whole graphs: a decoder, a
+# mixture of experts, an encoder, an encoder-decoder, a vision transformer, a CNN
+MODELS_EVERY_MODE = ["llama", "mixtral", "bert", "t5", "vit", "resnet"]
 
 _XFAIL = report.load_expected("ops")
 
@@ -69,24 +73,27 @@ def test_op_matches_cpu(opinfo, dtype):
 def _model_params():
     from torch_tpu_tools.validation import models
 
-    known = report.load_expected("models")
+    known = report.load_expected("models")  # type -> mode -> reason
     types = models.model_types()
     params = []
-    for mt in MODELS:
-        marks = [pytest.mark.xfail(reason=known[mt], strict=True)] if mt in known else []
-        params.append(pytest.param(mt, *types[mt], id=mt, marks=marks))
+    for mode, chosen in (("strict", MODELS), ("defer_and_fuse", MODELS_EVERY_MODE),
+                         ("compiled", MODELS_EVERY_MODE)):
+        for mt in chosen:
+            reason = known.get(mt, {}).get(mode)
+            marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            params.append(pytest.param(mt, *types[mt], mode, id=f"{mt}-{mode}", marks=marks))
     return params
 
 
 @pytest.mark.slow  # the model-zoo subset: a model per case
-@pytest.mark.parametrize("model_type, task, arch", _model_params())
-def test_model_matches_cpu(model_type, task, arch):
+@pytest.mark.parametrize("model_type, task, arch, mode", _model_params())
+def test_model_matches_cpu(model_type, task, arch, mode):
     from torch_tpu_tools.validation import models
 
-    r = models.check_model(model_type, task, arch, "strict", timeout=None)
+    r = models.check_model(model_type, task, arch, mode, timeout=None)
     assert r["status"] == "pass", f"{r.get('error')}: {r.get('detail')} ({r.get('tried', '')})"
-    if task == "causal-lm":
-        assert r["backward"], "the causal LM took no backward step"
+    assert r["random"] or r["train"].endswith("float64"), \
+        f"no training step judged against float64: {r['train']}"
 
 
 # ---------------------------------------------------------------- the judges
@@ -147,7 +154,9 @@ def test_expected_failures_files_are_generated_with_reasons():
     for op, by_dtype in report.load_expected("ops").items():
         assert set(by_dtype) <= set(ops.DTYPES), op
         assert all(isinstance(r, str) and r for r in by_dtype.values()), op
-    assert all(isinstance(r, str) and r for r in report.load_expected("models").values())
+    for mt, by_mode in report.load_expected("models").items():
+        assert set(by_mode) <= set(zoo_report.MODES), mt
+        assert all(isinstance(r, str) and r for r in by_mode.values()), mt
 
 
 def test_expected_failures_are_generated_from_sweep_results(tmp_path):
@@ -155,8 +164,19 @@ def test_expected_failures_are_generated_from_sweep_results(tmp_path):
     not on tpu; an op x dtype pair when its status is fail; each with its reason."""
     results = {"a": {"status": "pass"}, "b": {"status": "cpu_fail", "error": "E"},
                "c": {"status": "mismatch", "error": "Mismatch", "detail": "out[0] differs"}}
-    report.write_expected("models", results, tmp_path)
-    assert report.load_expected("models", tmp_path) == {"c": "Mismatch: out[0] differs"}
+    for mode in ("strict", "compiled"):
+        report.save(tmp_path, "models", mode, {"meta": {"runs": [report.new_run()]},
+                                                "results": {**results, "d": {
+                                                    "status": "pass", "task": "base"}}})
+    report.merge(tmp_path, "models", "compiled", {"d": {
+        "status": "tpu_error", "task": "base", "error": "E", "detail": "graph"}},
+        report.new_run())
+    zoo_report.write(tmp_path, expected_too=True, folder=tmp_path)
+    assert report.load_expected("models", tmp_path) == {
+        "c": {"strict": "Mismatch: out[0] differs", "compiled": "Mismatch: out[0] differs"},
+        "d": {"compiled": "E: graph"}}
+    md = (tmp_path / "VALIDATION.md").read_text()
+    assert "| mode | last run |" in md and "| `d` | base | pass (forward only) | **tpu_error**" in md
     op_results = {"abs": {"float32": {"status": "pass"},
                           "int64": {"status": "fail", "kind": "error", "detail": "boom"}}}
     report.write_expected("ops", op_results, tmp_path)

@@ -8,6 +8,7 @@ report.EXPECTED) are regenerated from the merged results.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 
 from ..bench import common
@@ -242,22 +243,24 @@ def _report(args) -> int:
 
 
 def _write_docs(out, mode: str) -> None:
-    """The reports of the stored results of `mode` in OUT; in Strict mode also the plot and
-    the generated expected failures of each sweep that has results."""
-    from . import models, ops, report
+    """The reports of the stored results of `mode` in OUT, and the model zoo's every-mode
+    table; in Strict mode also the plot. The expected failures are generated only when OUT
+    is the repository's docs folder: a sweep of a few types elsewhere must not rewrite them."""
+    from . import models, ops, report, zoo_report
 
     dtypes = list(ops.DTYPES)
     suffix = "" if mode == "strict" else f"-{mode}"
     o, m = report.load(out, "ops", mode), report.load(out, "models", mode)
+    home = pathlib.Path(out).resolve() == report.EXPECTED.parents[3].joinpath("docs").resolve()
     if o["results"]:
         report.write_docs(out, f"validate-ops{suffix}", f"OpInfo sweep ({mode})",
                           report.ops_markdown(o, dtypes, mode), o["meta"]["runs"])
+        if mode == "strict" and home:
+            report.write_expected("ops", o["results"])
     if m["results"]:
         report.write_docs(out, f"validate-models{suffix}", f"Model-zoo sweep ({mode})",
                           report.models_markdown(m, mode, models.timm_status()),
                           m["meta"]["runs"])
+        zoo_report.write(out, expected_too=home)
     if mode == "strict":
-        for kind, data in (("ops", o), ("models", m)):
-            if data["results"]:
-                report.write_expected(kind, data["results"])
         report.plot(out, o if o["results"] else None, m if m["results"] else None, dtypes)

@@ -86,11 +86,25 @@ def _build(model_type: str, cls_name: str, task: str, level: str):
     if n > MAX_PARAMS:
         raise MemoryError(f"{n / 1e6:.0f}M parameters after shrinking")
     torch.manual_seed(0)
-    model = cls(config).eval()
+    model = _untied(cls(config).eval())
     n = sum(p.numel() for p in model.parameters())
     if n > MAX_PARAMS:
         raise MemoryError(f"{n / 1e6:.0f}M parameters after shrinking")
     return config, model, n
+
+
+def _untied(model):
+    """Parameters that the init leaves constant (a zero router, zero biases, unit norms)
+    get seeded noise (std 0.02) around their value. A zero router ties every expert's
+    score, and which of tied experts top-k picks is each kernel's own choice (CPU's picks
+    the last, XLA's the first): the comparison would judge tie-breaking, not lowerings."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in model.parameters():
+            flat = p.detach().reshape(-1)
+            if p.is_floating_point() and flat.numel() > 1 and bool((flat == flat[0]).all()):
+                p.add_(0.02 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
 
 
 def _forward(model, kwargs):

@@ -266,8 +266,10 @@ def models_markdown(data: dict, mode: str, timm: str) -> str:
     lines = [f"Mode: **{mode}**. {s['types']} model types (transformers' causal-LM, masked-LM, "
              "sequence-classification, image-classification and base mappings), each shrunk to "
              "a tiny config with random weights; forward on tpu against CPU with the same "
-             "weights (the logits, or a base model's hidden state), and one backward step of "
-             "the LM loss (every gradient compared) for causal LMs. timm: " + timm + ".", "",
+             "weights (the logits, or a base model's hidden state), then one training step "
+             "(the head's loss, backward, AdamW) judged against float64 (results stored "
+             "before 2026-12-07 judged the forward and a causal LM's gradients only). "
+             "timm: " + timm + ".", "",
              f"**{s['cpu_ran']} types run on CPU under the harness** (target ≥ "
              f"{MODELS_CPU_TARGET}: {'met' if s['cpu_ran'] >= MODELS_CPU_TARGET else 'NOT met'}); "
              f"**{s['tpu_pass']} of them match on tpu: {100 * s['rate']:.1f}%** (target ≥ "
