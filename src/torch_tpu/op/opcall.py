@@ -29,6 +29,7 @@ import torch
 
 from .. import _C, _config, _jax_internals, _precision, _runtime, _storage, _tree, metrics
 from .._rng import default_generator, draw
+from ..lowering import grouped_mm
 from ..lowering.registry import bounds_of
 from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_KEYED,
                                SCALAR_LIST, STATIC, STATIC_NUMBER, TENSOR_LIST, OpSchema, keyed)
@@ -552,7 +553,7 @@ def meta_run(plan, vals):
     margs = [_tree.to_meta(v) for v in vals]
     kw = {plan.names[i]: margs[i] for i in range(plan.npos, len(margs))}
     try:
-        meta = plan.op(*margs[:plan.npos], **kw)
+        meta = _META_INSTEAD.get(plan.op, plan.op)(*margs[:plan.npos], **kw)
         fix = _META_FIXES.get(plan.op)
         return meta if fix is None else fix(meta, vals)
     except NotImplementedError:
@@ -584,6 +585,9 @@ def _one_frame_loss(reduction_i, target_dims):
     return fix
 
 
+# op -> the meta function run instead of torch's, where that one states a CUDA kernel's
+# limits rather than the op's
+_META_INSTEAD = {torch.ops.aten._grouped_mm.default: grouped_mm.meta}
 # op -> fix(meta result, vals): where torch's meta kernel's shapes disagree with CPU's and
 # CUDA's kernels
 _META_FIXES = {
