@@ -168,6 +168,25 @@ def test_input_storage_without_a_buffer_yet():
     assert torch.equal(f(torch.empty(4, device="tpu"), y).cpu(), torch.arange(4.0))
 
 
+def test_stack_in_a_training_graph_is_lowered():
+    """torch.stack arrives whole in an aten graph (eager tpu runs torch's composite
+    kernel): without its lowering SAM3's tracker's backward graph ran op by op."""
+    def f(xs):
+        return torch.stack([x.sin() for x in xs], dim=1).sum(0).square().sum()
+
+    xs = [torch.randn(3, 4, dtype=dt, requires_grad=True)
+          for dt in (torch.float32, torch.float32, torch.float64)]
+    ts = [x.detach().to("tpu").requires_grad_() for x in xs]
+    before = _counters().get("compile.eager_graphs", 0)
+    f(xs).backward()
+    got = _compiled(f)(ts)
+    got.backward()
+    torch.testing.assert_close(got.cpu(), f([x.detach() for x in xs]))
+    for x, t in zip(xs, ts):
+        torch.testing.assert_close(t.grad.cpu(), x.grad)
+    assert _counters().get("compile.eager_graphs", 0) == before
+
+
 def test_mutating_inputs_that_share_storage():
     """Two overlapping views of one tensor, both written: AOTAutograd merges them into a
     synthetic base (as_strided / as_strided_scatter in the graph)."""

@@ -43,6 +43,14 @@ def _cat(tensors, dim=0):
     return jnp.concatenate([t.astype(dtype) for t in kept], axis=_dim(dim, kept[0].ndim))
 
 
+@lowering(aten.stack.default)
+def _stack(tensors, dim=0):
+    # eager tpu runs torch's composite kernel (cat of unsqueezes); a compiled graph holds
+    # the op whole (SAM3's tracker's backward: without it the graph ran op by op)
+    dtype = _promoted_dtype(tensors)
+    return jnp.stack([t.astype(dtype) for t in tensors], axis=_dim(dim, tensors[0].ndim + 1))
+
+
 # ---------------------------------------------------------------- padding
 def _pad_config(ndim, pad):
     """torch's pad list (last dim first, (before, after) pairs) -> per-dim pairs."""
