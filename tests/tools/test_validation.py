@@ -305,3 +305,19 @@ def test_cli_validate_ops_runs_in_a_child_and_reports():
                        text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2/2 op x dtype pairs that run on CPU pass on tpu" in r.stdout
+
+
+@pytest.mark.slow  # a model type in two sweeps
+def test_cli_validate_models_compiled_writes_a_column_and_resumes(tmp_path):
+    """`validate models --mode compiled` in a child: the type's result lands in its
+    mode's column of VALIDATION.md, and `--resume` skips what the current harness holds."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    cmd = [sys.executable, "-m", "torch_tpu", "validate", "models", "--mode", "compiled",
+           "--types", "gpt2", "--out", str(tmp_path)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0 and "1 match on tpu" in first.stdout, first.stderr[-3000:]
+    md = (tmp_path / "VALIDATION.md").read_text()
+    assert "| mode | last run |" in md and "| `gpt2` | causal-lm | pass (step: labels, float64)" in md
+    again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600,
+                           env=env)
+    assert again.returncode == 0 and "this run: 0 types" in again.stdout, again.stderr[-3000:]

@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--types", default="", help="comma-separated model types (default: all)")
     m.add_argument("--cpu-only", action="store_true",
                    help="only check that the harness runs each type on CPU (shrinker work)")
+    m.add_argument("--resume", action="store_true",
+                   help="skip the types this mode's stored results already hold from the "
+                        "current harness (a killed shard picks up where it stopped)")
     _common(m, timeout=600)
     c = sub.add_parser("conformance", help="PyTorch's device-generic op checks (out=, errors, "
                                             "variants, ...) over op_db: docs/CONFORMANCE.md")
@@ -201,6 +204,9 @@ def _models(args) -> int:
             raise SystemExit(f"unknown model type(s): {', '.join(unknown)}")
         types = {t: types[t] for t in want}
     keys = _shard(list(types), args.shard)
+    if args.resume:
+        stored = report.load(args.out, "models", args.mode)["results"]
+        keys = [k for k in keys if stored.get(k, {}).get("harness") != models.HARNESS]
     types = {k: types[k] for k in keys}
     write = not (args.no_write or args.cpu_only)
     run = report.new_run()
@@ -222,7 +228,8 @@ def _models(args) -> int:
         else:
             options = {"mode": args.mode, "timeout": args.timeout, "cpu_only": args.cpu_only}
             worker.run_isolated("models", [(t, None) for t in types], options,
-                                lambda u, r: on_result(u[0], {**_arch(types, u[0]), **r}),
+                                lambda u, r: on_result(u[0], {**_arch(types, u[0]),
+                                                              "harness": models.HARNESS, **r}),
                                 bar, hard_timeout=2 * args.timeout + 120)
     s = report.models_summary(done)
     print(f"this run: {s['types']} types, {s['cpu_ran']} run on CPU, {s['tpu_pass']} match on "

@@ -32,6 +32,8 @@ TASKS = [  # (task, mapping name), in the order a model type's task is chosen
     ("base", "MODEL_MAPPING_NAMES"),
 ]
 
+# what a stored result was judged by: `validate models --resume` reruns the others
+HARNESS = "forward + training step, float64 judge (2026-12-07)"
 # a shrunk model above this many parameters is not worth its time on CPU
 MAX_PARAMS = 120_000_000
 
@@ -171,7 +173,7 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
     with `cpu_only`, 'cpu_ok' once the CPU side runs (to work on the shrinker)."""
     import torch_tpu
 
-    res = {"task": task, "arch": cls_name}
+    res = {"task": task, "arch": cls_name, "harness": HARNESS}
     t0 = time.perf_counter()
     try:
         with time_limit(timeout, model_type):
@@ -196,9 +198,9 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                 return {**res, "status": "cpu_fail", "error": type(e).__name__,
                         "detail": _first_line(e), "tried": tried, "seconds": _since(t0)}
             res.update(level=level, params=n, inputs=label, random=seeded)
-            train = None if seeded or cpu_only else _train_cpu(model, config, task, kw)
             if cpu_only:
                 return {**res, "status": "cpu_ok", "seconds": _since(t0)}
+            train = None if seeded else _train_cpu(model, config, task, kw)
             key, want = main_output(out)
             want = want.detach().cpu()
             if on_tpu is not None:

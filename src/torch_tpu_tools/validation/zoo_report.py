@@ -2,8 +2,8 @@
 the expected failures of every mode (expected/models.json: type -> mode -> reason), the
 one home the default test run reads its xfails from (tests/tools/test_validation.py).
 
-A column is dated by its mode's last run. A result stored before the training step
-existed (no "train" key) judged the forward only; its cell says so.
+A column is dated by its mode's last run. A result stored by an older harness (another
+`models.HARNESS`) judged the forward only; its cell says so.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _cell(r: dict | None) -> str:
         return "not run"
     status = r["status"]
     if status == "pass":
-        how = "forward only" if "train" not in r else \
+        how = "forward only" if "harness" not in r and "train" not in r else \
             ("random: statistics" if r.get("random") else f"step: {r['train']}")
         return f"pass ({how})"
     if status == "cpu_fail":
@@ -72,6 +72,35 @@ def markdown(by_mode: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(path: pathlib.Path, by_mode: dict) -> None:
+    """Pass rate per task, one bar per mode, of the types that run on CPU."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({r.get("task", "") for d in by_mode.values() for r in d["results"].values()})
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(by_mode)
+    for i, (mode, d) in enumerate(by_mode.items()):
+        rates = []
+        for t in tasks:
+            rs = [r for r in d["results"].values() if r.get("task") == t and
+                  r["status"] != "cpu_fail"]
+            rates.append(100 * sum(r["status"] == "pass" for r in rs) / len(rs) if rs else 0)
+        xs = [j + i * width for j in range(len(tasks))]
+        ax.bar(xs, rates, width, label=mode)
+    ax.set_xticks([j + width * (len(by_mode) - 1) / 2 for j in range(len(tasks))], tasks)
+    ax.set_ylabel("% of types that run on CPU")
+    ax.set_ylim(0, 105)
+    ax.set_title("model zoo: forward and training step match, per mode")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def expected(by_mode: dict) -> dict:
     """type -> mode -> reason, for every type that runs on CPU and fails on tpu."""
     out: dict = {}
@@ -88,8 +117,11 @@ def write(out: pathlib.Path, expected_too: bool, folder: pathlib.Path = report.E
     if not by_mode:
         return
     runs = [r for d in by_mode.values() for r in d["meta"]["runs"]]
+    out.mkdir(parents=True, exist_ok=True)
+    plot(out / "validation_models_modes.png", by_mode)
     report.write_docs(out, "validate-models-by-mode", "Model-zoo sweep, every mode",
-                      markdown(by_mode), sorted(runs, key=lambda r: r["started"]))
+                      "![per mode](validation_models_modes.png)\n\n" + markdown(by_mode),
+                      sorted(runs, key=lambda r: r["started"]))
     if expected_too:
         head = {"_generated": "by `python -m torch_tpu validate models` and `validate report` "
                               "from every mode's stored results; do not edit by hand, rerun "
