@@ -46,7 +46,8 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _line(marker: str) -> str:
-    return f"never_ready.py:{next(i for i, text in enumerate(_SCRIPT.splitlines(), 1) if marker in text)}"
+    lines = _SCRIPT.splitlines()
+    return f"never_ready.py:{next(i for i, text in enumerate(lines, 1) if marker in text)}"
 
 
 def _run(tmp_path, mode, gate, timeout_s):

@@ -108,8 +108,8 @@ def _convolution_backward(grad_output, input, weight, bias_sizes, stride, paddin
     if output_mask[0] or output_mask[1]:
         out, vjp = jax.vjp(conv, input, weight)
         grad_input, grad_weight = vjp(grad_output.astype(out.dtype))
-    if output_mask[1] and not transposed and groups == 1 and \
-            math.prod(weight.shape[2:]) <= _PATCHES_MAX * math.prod(_expand(stride, input.ndim - 2)):
+    overlap = math.prod(weight.shape[2:]) / math.prod(_expand(stride, input.ndim - 2))
+    if output_mask[1] and not transposed and groups == 1 and overlap <= _PATCHES_MAX:
         grad_weight = _weight_grad_by_patches(
             grad_output.astype(grad_weight.dtype), input.astype(grad_weight.dtype),
             weight.shape, stride, padding, dilation).astype(grad_weight.dtype)

@@ -135,7 +135,7 @@ def _run_cpu(model, config):
 def _train_cpu(model, config, task, kw):
     """(label kwargs, CPU float32's step, float64's step or None), or None when no step
     runs on CPU (the head's loss, then a projection of the output, are tried)."""
-    tried = [training.labels(task, model, config, kw)]
+    tried = [training.labels(task, config, kw)]
     if tried[0]:
         tried.append({})
     for label_kw in tried:

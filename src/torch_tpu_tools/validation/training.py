@@ -28,7 +28,7 @@ from . import compare, tolerances
 LR = 1e-3
 
 
-def labels(task: str, model, config, kw: dict) -> dict:
+def labels(task: str, config, kw: dict) -> dict:
     """Keyword arguments that make the head compute its own loss ({} for none)."""
     ids = kw.get("input_ids")
     if task in ("causal-lm", "masked-lm") and ids is not None:
