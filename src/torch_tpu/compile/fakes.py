@@ -21,8 +21,10 @@ def _on_tpu(*xs) -> bool:
 
 
 def _grouped_mm(fake_mode, func, mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    # bfloat16 goes to torch's own meta function: meta() asks the op again at bfloat16,
+    # which would come back here
     if not _on_tpu(mat_a, mat_b) or mat_a.dtype == torch.bfloat16:
-        return NotImplemented  # torch's own meta function decides
+        return NotImplemented
     with fake_mode:
         return grouped_mm.meta(mat_a, mat_b, offs, bias, out_dtype)
 
