@@ -160,20 +160,20 @@ SCAN_CASES = {
     "foreach in-place, scalar": (True, lambda: (aten._foreach_mul_.Scalar, ([_t(2), _t(3)], 0.5), {})),
     "foreach scalar list (int, float)": (
         True, lambda: (aten._foreach_add.ScalarList, ([_t(2), _t(3)], [1.0, 2]), {})),
+    "factory (numbers keyed by value)": (
+        True, lambda: (aten.arange.start_step, (0, 2.5, 0.5), {"device": torch.device("tpu")})),
     # left to Python
     "0-dim CPU tensor": (False, lambda: (aten.add.Tensor, (_t(2, 3), torch.tensor(2.0)), {})),
     "CPU index tensor": (False, lambda: (aten.index.Tensor, (_t(3, 4), [torch.tensor([0, 2])]), {})),
-    "tensor for a Scalar": (False, lambda: (aten.add.Scalar, (_t(3), _tpu(torch.tensor(2.0))), {})),
     "fresh storage, no buffer yet": (
         False, lambda: (aten.add.Tensor, (torch.empty(3, device="tpu"), _t(3)), {})),
+    "tensor for a Scalar": (False, lambda: (aten.add.Scalar, (_t(3), _tpu(torch.tensor(2.0))), {})),
     "conj view": (False, lambda: (lambda z: (aten.mul.Tensor, (z.conj(), z), {}))(_t(3, dtype=torch.complex64))),
     "neg view": (False, lambda: (lambda a: (aten.add.Tensor, (a._neg_view(), a), {}))(_t(3))),
     "seeded": (False, lambda: (aten.bernoulli.p, (_t(4), 0.5), {})),
     "seeded, explicit generator": (
         False, lambda: (aten.normal.Tensor_float, (_t(4), 1.0),
                         {"generator": torch.Generator("tpu").manual_seed(3)})),
-    "factory (numbers keyed by value)": (
-        False, lambda: (aten.arange.start_step, (0, 2.5, 0.5), {"device": torch.device("tpu")})),
     "one storage written through two arguments": (
         False, lambda: (lambda flat: (aten._foreach_add_.Scalar, ([flat[:3], flat[3:]], 1.0), {}))(_t(6))),
 }

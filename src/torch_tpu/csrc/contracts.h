@@ -34,10 +34,11 @@ inline constexpr const char* kKindNames[N_KINDS] = {TPU_ARG_KINDS(TPU_NAME_ITEM)
 #define TPU_CSPEC_FIELDS(X)                                                             \
   X(CSPEC_KINDS, "kinds")             /* the argument kinds */                          \
   X(CSPEC_MUTATED, "mutated")         /* indices of the arguments the op writes */      \
-  X(CSPEC_PYTHON_ONLY, "python_only") /* True: scan returns None (seeded, factories) */ \
+  X(CSPEC_PYTHON_ONLY, "python_only") /* True: scan returns None (seeded ops) */        \
   X(CSPEC_NPOS, "npos")               /* how many arguments are positional */           \
   X(CSPEC_NAMES, "names")             /* every argument's name */                       \
-  X(CSPEC_DEFAULTS, "defaults")       /* every argument's default (None if none) */
+  X(CSPEC_DEFAULTS, "defaults")       /* every argument's default (None if none) */     \
+  X(CSPEC_FACTORY, "factory")         /* no tensor argument: the key ends with the default dtype */
 
 #define TPU_ENUM_FIELD(e, name) e,
 enum CSpecField { TPU_CSPEC_FIELDS(TPU_ENUM_FIELD) CSPEC_SIZE };

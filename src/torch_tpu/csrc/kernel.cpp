@@ -51,6 +51,7 @@ struct KernelObject {
   PyObject* precision;  // plan.precision: the settings snapshot of a sensitive op, or null
   PyObject* held;       // plan.held: key -> (the entry at a capacity, its results' hold)
   PyObject* devices;    // index -> this op's kernel on tpu:index (run_on_devices), or null
+  bool apart;           // plan.apart: the op is not pointwise (the loop detector's guard)
 };
 
 // op/current.py's state, cached (set_current_executors):
@@ -70,7 +71,8 @@ PyObject* g_str[N_METHODS];
 // attributes read by name: an OpPlan's (kernel_new, kernel_repr), the DeferExecutor's
 // (kernel_setup)
 const char kPlanCache[] = "cache", kPlanCSpec[] = "cspec", kPlanName[] = "name",
-           kPlanPrecision[] = "precision", kPlanHeld[] = "held", kDeferLoop[] = "loop";
+           kPlanPrecision[] = "precision", kPlanHeld[] = "held", kPlanApart[] = "apart",
+           kDeferLoop[] = "loop";
 SlotAttr g_entry_fn("Entry", "fn"), g_entry_checks("Entry", "checks"),
     g_ex_nodes("DeferExecutor", "nodes"), g_ex_in_backward("DeferExecutor", "in_backward");
 
@@ -228,7 +230,7 @@ PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
     PyObject* in_bw = g_ex_in_backward.get(ex);
     const int busy = in_bw == nullptr ? -1 : PyObject_IsTrue(in_bw);
     Py_XDECREF(in_bw);
-    const int verdict = busy < 0 ? -1 : loop_push(g_loop, reinterpret_cast<uintptr_t>(entry), busy);
+    const int verdict = busy < 0 ? -1 : loop_push(g_loop, reinterpret_cast<uintptr_t>(entry), busy, k->apart);
     if (verdict > 0) {
       PyObject* code = PyLong_FromLong(verdict);
       PyObject* r = code == nullptr ? nullptr
@@ -387,7 +389,10 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   PyObject* spec = cache == nullptr ? nullptr : PyObject_GetAttrString(plan, kPlanCSpec);
   PyObject* precision = spec == nullptr ? nullptr : PyObject_GetAttrString(plan, kPlanPrecision);
   PyObject* held = precision == nullptr ? nullptr : PyObject_GetAttrString(plan, kPlanHeld);
-  if (held == nullptr) Py_CLEAR(spec);
+  PyObject* apart = held == nullptr ? nullptr : PyObject_GetAttrString(plan, kPlanApart);
+  const int is_apart = apart == nullptr ? -1 : PyObject_IsTrue(apart);
+  Py_XDECREF(apart);
+  if (is_apart < 0) Py_CLEAR(spec);
   KernelObject* self = nullptr;
   if (spec != nullptr && (!PyDict_CheckExact(cache) || !PyDict_CheckExact(held) ||
                           !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != CSPEC_SIZE))
@@ -410,6 +415,7 @@ PyObject* kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->precision = precision;
   self->held = held;
   self->devices = nullptr;
+  self->apart = is_apart;
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -531,7 +537,8 @@ void add_kernel_functions(PyObject* module) {
   Py_INCREF(g_kernel_type);  // PyModule_AddObject stole one; the global keeps its own
   add_names(module, "methods", "executor", {kMethodNames[S_EXECUTE]});
   add_names(module, "methods", "DeferExecutor", {kMethodNames[S_GRAPH_STARTS], kMethodNames[S_LOOP_FLUSH]});
-  add_names(module, "attributes", "OpPlan", {kPlanCache, kPlanCSpec, kPlanName, kPlanPrecision, kPlanHeld});
+  add_names(module, "attributes", "OpPlan", {kPlanCache, kPlanCSpec, kPlanName, kPlanPrecision, kPlanHeld,
+                                                 kPlanApart});
   add_names(module, "attributes", "DeferExecutor", {kDeferLoop});
   export_slots(module);  // every file's SlotAttrs (graph.cpp's too)
 }

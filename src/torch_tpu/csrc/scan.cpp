@@ -21,6 +21,7 @@
 // reference.
 #include <Python.h>
 
+#include <c10/core/DefaultDtype.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
@@ -417,10 +418,11 @@ PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals) {
   const bool mutable_ = PyTuple_GET_SIZE(mutated) > 0;
   std::vector<Py_ssize_t> mut_recs;  // positions in s.recs of the written tensors' records
   const bool python_only = PyTuple_GET_ITEM(spec, CSPEC_PYTHON_ONLY) == Py_True;
+  const bool factory = PyTuple_GET_ITEM(spec, CSPEC_FACTORY) == Py_True;
   const Py_ssize_t n = PyList_GET_SIZE(vals);
   if (python_only || PyTuple_GET_SIZE(kinds) < n) Py_RETURN_NONE;
   Scan s{PyList_New(0), PyList_New(0), mutable_ ? PyList_New(0) : nullptr};
-  PyObject* parts = PyTuple_New(n);
+  PyObject* parts = PyTuple_New(n + (factory ? 1 : 0));
   PyObject* result = nullptr;
   bool bail = false;
   if (s.bufs == nullptr || s.dyns == nullptr || parts == nullptr || (mutable_ && s.recs == nullptr))
@@ -469,6 +471,12 @@ PyObject* scan_values(PyObject* plan, PyObject* spec, PyObject* vals) {
   if (s.recs != nullptr && shares_storage(s.recs, mut_recs)) {
     bail = true;
     goto done;
+  }
+  if (factory) {  // dtype=None factories follow torch.get_default_dtype()
+    PyObject* dt = reinterpret_cast<PyObject*>(
+        torch::getTHPDtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
+    Py_INCREF(dt);
+    PyTuple_SET_ITEM(parts, n, dt);
   }
   {
     PyObject* key = PyTuple_Pack(2, plan, parts);

@@ -184,7 +184,7 @@ class _Recorder(DeferExecutor):
                     f"default one inside a captured region: capture advances the default "
                     f"generator only")
 
-    def _after_record(self, h):
+    def _after_record(self, entry):
         pass  # no loop detection: the region is one graph
 
     def flush(self, reason: str) -> None:

@@ -21,11 +21,11 @@ step with a matmul and an RNN cell costs ~0.2-0.5 s, so a 2-layer LSTM over 35 t
 (forward, or backward: 20 ops a step) compiled for minutes as one graph. The detector's
 size cap is used as a checkpoint (`loop.max_nodes`, GUARD_STEP nodes apart, or where a
 block seen twice would have its repeats; the real cap is `max_nodes`, MAX_NODES), so
-recording pays nothing per op: there the newest ops are searched for a block of P ops
-repeated GUARD_REPEATS times in a row that holds an op XLA does not fuse into a loop
-(not pointwise). Found, the graph is flushed, and from then on every GUARD_CHUNK nodes
-(a whole number of blocks) that are exactly the block again are flushed alone: the same
-graph each time, one cached program. The first other op ends that. Models of at most 5
+recording pays nothing per op: there the newest ops are searched (csrc/loop.cpp
+repeated_block) for a block of P ops repeated GUARD_REPEATS times in a row that holds an
+op XLA does not fuse into a loop (not pointwise). Found, the graph is flushed, and from
+then on every GUARD_CHUNK nodes (a whole number of blocks) that are exactly the block
+again are flushed alone: the same graph each time, one cached program. The first other op ends that. Models of at most 5
 identical layers and pointwise chains are never split; backward passes are (their steps
 repeat like the forward's). docs/DYNAMIC_SHAPES.md, "Cold start".
 
@@ -96,20 +96,19 @@ class DeferExecutor:
     name = "defer_and_fuse"
     deferred = True
     # slots: the op kernels read nodes and in_backward at their offsets (csrc/slots.h)
-    __slots__ = ("apart", "chunk", "device", "graphs", "ids", "in_backward", "lock", "loop",
-                 "max_nodes", "nodes", "paused_gc")
+    __slots__ = ("chunk", "device", "graphs", "in_backward", "lock", "loop", "max_nodes",
+                 "nodes", "paused_gc")
 
     def __init__(self):
         self.nodes = []  # None while a flush runs (see the top: threads)
         self.lock = threading.RLock()
         self.paused_gc = False
         self.in_backward = 0  # backward passes running (see `backward`)
-        # its size cap is the compile-cost guard's next checkpoint (see the top)
+        # its size cap is the compile-cost guard's next checkpoint (see the top); it keeps
+        # the pending nodes' entry ids, and which compile apart, for the guard's search
         self.loop = _C.LoopDetector(MIN_PERIOD, GUARD_STEP)
         self.max_nodes = MAX_NODES
         self.chunk = None  # the guard's chunk: the entries a graph of repeated blocks has
-        self.ids = []  # the guard's copy of the pending nodes' entry ids, extended at each look
-        self.apart = [0]  # beside it: apart[i], how many of the first i compile apart
         self.graphs = set()  # ids of the compiled graphs (compile/program.py) pending
         self.device = 0  # the tpu index of the pending graph (several devices per process)
 
@@ -142,7 +141,7 @@ class DeferExecutor:
             if entry.fn is None:
                 return self._run_now(plan, vals)
             out = _record(self._open_graph(), entry, bufs, dyns, vals)
-            self._after_record(id(entry))
+            self._after_record(entry)
             return out
 
     def _open_graph(self):
@@ -210,7 +209,7 @@ class DeferExecutor:
             node.outs.append(lazy)
             setattr(st, _ATTR, (lazy, n, jdt))
         _COUNTERS["dispatches.compiled_graphs"] += 1
-        self._after_record(id(entry))
+        self._after_record(entry)
 
     @contextlib.contextmanager
     def backward(self):
@@ -236,7 +235,7 @@ class DeferExecutor:
             rec = (lazy, n, jdt)
             setattr(storage, _ATTR, rec)
             _COUNTERS["dispatches.defer_and_fuse"] += 1
-            self._after_record(id(entry))
+            self._after_record(entry)
         return rec
 
     def _run_now(self, plan, vals):
@@ -249,8 +248,8 @@ class DeferExecutor:
         tensors = [new_tensor(s, d, f) for (s, d, _), f in zip(fresh, outs)]
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
-    def _after_record(self, h):
-        verdict = self.loop.push(h, self.in_backward)
+    def _after_record(self, entry):
+        verdict = self.loop.push(id(entry), self.in_backward, _compiles_apart(entry))
         if verdict:
             self._loop_flush(verdict)
 
@@ -280,12 +279,7 @@ class DeferExecutor:
                     return True
                 self.chunk = None  # the loop ended
             else:
-                ids = self.ids
-                apart = self.apart
-                for nd in nodes[len(ids):]:
-                    ids.append(id(nd.entry))
-                    apart.append(apart[-1] + _compiles_apart(nd.entry))
-                p, soon = _repeated_block(ids, apart)
+                p, soon = self.loop.repeated_block(GUARD_REPEATS, GUARD_MAX_BLOCK)
                 if p:
                     block = [nd.entry for nd in nodes[n - p:]]
                     self.chunk = tuple(block * max(1, GUARD_CHUNK // p))
@@ -305,8 +299,6 @@ class DeferExecutor:
                 return
             self.nodes = None
             self.loop.reset()
-            self.ids = []
-            self.apart = [0]
             self.graphs.clear()
             if reason != "compile_guard":
                 self.chunk = None
@@ -346,50 +338,11 @@ _on_import.when_imported("torch.optim.optimizer", _hook_optimizer_steps,
                          lambda m: hasattr(m, "register_optimizer_step_post_hook"))
 
 
-def _repeated_block(ids, apart) -> tuple[int, int]:
-    """(P, 0): P is the shortest block of ops that the newest nodes repeat GUARD_REPEATS
-    times and that holds an op that is not pointwise (what XLA compiles as one loop
-    fusion costs little however long). (0, k): none, but the shortest such block that
-    the newest nodes repeat twice would have its repeats k nodes on; (0, 0): neither.
-    `ids`: the nodes' entry ids; `apart`: their prefix counts of `_compiles_apart`, so that
-    a block's test is one subtraction (a look at a pointwise chain of N nodes tried every
-    block length up to 256 and asked each node of each: ~8,000 calls, 30 µs per recorded
-    op in the chain of `bench modes`, against 4 µs without)."""
-    r = GUARD_REPEATS
-    # newest first: rev[p] is the op p ops before the newest; a block of P ends with an
-    # op equal to the newest, P ops back (list.index finds those in C)
-    rev = ids[-r * GUARD_MAX_BLOCK:][::-1]
-    n, p = len(rev), 0
-    limit = min(n // 2, GUARD_MAX_BLOCK) + 1
-    last = apart[-1]
-    if last == apart[max(0, len(ids) - limit)]:
-        return 0, 0  # no block within reach holds an op that compiles apart
-    while True:
-        try:
-            p = rev.index(rev[0], p + 1, limit)
-        except ValueError:
-            return 0, 0
-        block = rev[:p]
-        if rev[p:2 * p] != block or last == apart[-1 - p]:
-            continue
-        k = 2  # the repeats: blocks back from the newest equal to it
-        while k < r and (k + 1) * p <= n and rev[k * p:(k + 1) * p] == block:
-            k += 1
-        return (p, 0) if k >= r else (0, (r - k) * p)
-
-
-_APART: dict = {}  # plan -> _compiles_apart (op.tags is a pybind call: asked once a plan)
-
-
 def _compiles_apart(entry) -> bool:
-    """An aten op that is not pointwise: its own kernel in XLA's program (a matmul, an
-    RNN cell, a reduction), which is what a long graph's compile time is made of."""
-    plan = entry.key[0]
-    found = _APART.get(plan)
-    if found is None:
-        op = getattr(plan, "op", None)
-        found = _APART[plan] = op is not None and torch.Tag.pointwise not in op.tags
-    return found
+    """An aten op that is not pointwise (OpPlan.apart; the ops' C kernels read it too):
+    its own kernel in XLA's program (a matmul, an RNN cell, a reduction), which is what a
+    long graph's compile time is made of. Sources (constants, uploads) are not."""
+    return getattr(entry.key[0], "apart", False)
 
 
 _SOURCES: dict = {}

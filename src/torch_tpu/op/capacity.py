@@ -81,6 +81,11 @@ def _axis(t, full=False):
     return axis, tag
 
 
+def holds(t) -> bool:
+    """Whether `t` is the true rows of a storage held at a capacity."""
+    return _live[0] and _axis(t) is not None
+
+
 def _at_capacity(t, axis, tag):
     size = list(t.shape)
     size[axis] = tag.cap

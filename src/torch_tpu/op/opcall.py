@@ -82,10 +82,11 @@ class CSpec(NamedTuple):
     is _C.CONTRACTS["cspec"])."""
     kinds: tuple        # lowering/schema.py's argument kinds
     mutated: tuple      # indices of the arguments the op writes
-    python_only: bool   # only OpPlan.scan handles it (seeded ops, factories)
+    python_only: bool   # only OpPlan.scan handles it (seeded ops)
     npos: int           # how many arguments are positional
     names: tuple        # every argument's name
     defaults: tuple     # every argument's default (None where it has none)
+    factory: bool       # no tensor argument: the key ends with torch.get_default_dtype()
 
 
 class DeviceMismatchError(RuntimeError):
@@ -130,19 +131,22 @@ class OpPlan(OpSchema):
     """The schema's facts (lowering/schema.py), the per-key cache, and the scan and
     compile steps of the eager hot path."""
 
-    __slots__ = ("cache", "host_indices", "cspec", "precision", "devices", "held")
+    __slots__ = ("cache", "host_indices", "cspec", "precision", "devices", "held", "apart")
 
     def __init__(self, op, lowering):
         super().__init__(op, lowering)
         self.cache = {}
         # like CUDA, advanced indexing of a device tensor takes index tensors on the host
         self.host_indices = op._schema.name in _HOST_INDEX_OPS
-        self.cspec = CSpec(self.kinds, self.mutable, self.seeded or self.factory,
-                           self.npos, self.names, self.defaults)
+        self.cspec = CSpec(self.kinds, self.mutable, self.seeded, self.npos, self.names,
+                           self.defaults, self.factory)
         # a precision-sensitive op's cache is keyed (key, this snapshot): in C too (kernel.cpp)
         self.precision = _precision.snapshot if lowering in _precision.SENSITIVE else None
         self.devices = None  # index -> this op's plan on tpu:index (on_device)
         self.held = {}  # calls on held tensors, made in C at the capacity (op/capacity.py)
+        # not pointwise: its own kernel in XLA's program, what a long graph's compile time
+        # is made of (DeferAndFuse's compile-cost guard, eager/defer.py)
+        self.apart = torch.Tag.pointwise not in op.tags
 
     def on_device(self, index: int) -> "OpPlan":
         """This op's plan for tpu:`index` of a process with several devices: the same
@@ -171,7 +175,7 @@ class OpPlan(OpSchema):
 
         The executors call `scan_fast` (csrc/scan.cpp) first: the same key for the common
         case in C, None for what only this Python handles (first touch of a storage,
-        other devices, conj/neg views, seeded ops, factories, a storage written through two
+        other devices, conj/neg views, seeded ops, a storage written through two
         arguments)."""
         parts = []
         bufs = []
