@@ -247,7 +247,7 @@ class _JaxOp:
 
     def _check_results(self, out) -> None:
         # RuntimeError, not TypeError: the eager meta step reads a TypeError from a meta
-        # kernel as "no meta kernel" (op/opcall.py meta_run) and would carry on
+        # kernel as "no meta kernel" (op/meta.py run) and would carry on
         many = isinstance(out, (tuple, list))
         leaves = list(out) if many else [out]
         if not all(isinstance(s, jax.ShapeDtypeStruct) for s in leaves):
