@@ -385,9 +385,10 @@ def test_upload_is_a_pending_node_that_keeps_the_values_it_was_given():
         host = torch.arange(6.0).reshape(2, 3)
         pending = first * 3  # a graph is pending: uploads join it
         t = host.to("tpu")
-        ids = torch.tensor([[3, 1], [2, 0]], device="tpu")
         assert type(t.untyped_storage()._xla[0]).__name__ == "Lazy"  # no XLA call yet
         assert torch.tpu.memory_allocated() == base
+        # (a small integer one, an index list, takes its values' shared buffer at once)
+        ids = torch.tensor([[3, 1], [2, 0]], device="tpu")
         host.add_(100)  # the upload took a copy: later host writes do not reach it
         before = metrics.as_dict()["counters"]
         got = (t * 2).sum(0).cpu()

@@ -57,6 +57,27 @@ def test_fills_uploads_and_flushes_through_the_executor(mode):
     assert grew["host_to_device"] >= 1
 
 
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_small_integer_uploads_share_a_buffer_and_writes_stay_apart(mode):
+    """Index lists upload once per value (_storage.small_upload): two tensors of the same
+    values share one buffer, and a write to either (in place, a slice, an out=) changes
+    that tensor only, as two CUDA tensors would."""
+    with torch_tpu.eager_mode(mode):
+        a = torch.tensor([4, 0, 2], device="tpu")
+        b = torch.tensor([4, 0, 2]).to("tpu")
+        c = torch.tensor([4, 0, 2], dtype=torch.int32, device="tpu")
+        assert a.untyped_storage()._xla[0] is b.untyped_storage()._xla[0]
+        assert c.untyped_storage()._xla[0] is not a.untyped_storage()._xla[0]
+        a.add_(1)
+        b[1] = 7
+        torch.mul(c, 2, out=c)
+        d = torch.tensor([4, 0, 2], device="tpu")
+        x = torch.arange(10.0, device="tpu")
+        got = [a.tolist(), b.tolist(), c.tolist(), d.tolist(), x[[4, 0, 2]].tolist(),
+               x[:, None][[4, 0, 2], 0].tolist()]
+    assert got == [[5, 1, 3], [4, 7, 2], [8, 0, 4], [4, 0, 2], [4.0, 0.0, 2.0], [4.0, 0.0, 2.0]]
+
+
 def test_strict_fill_of_a_constant_made_before_runs_no_xla_call():
     """torch.zeros/ones_like in Strict: the first makes the constant (one XLA call, an
     op); the next ones of the same size, dtype and value share its immutable buffer, and

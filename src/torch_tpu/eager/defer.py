@@ -182,7 +182,12 @@ class DeferExecutor:
         and a data set moved before the loop would otherwise make its first graph differ
         from every later one (one more program, compiled at the second iteration), and a
         step's batch upload, made after the previous step's flush, is such an upload on
-        every iteration alike."""
+        every iteration alike. A small integer one (an index list) takes its values' shared
+        buffer (_storage.small_upload)."""
+        buf = _storage.small_upload(src)
+        if buf is not None:
+            _storage.set_buffer(storage, buf)
+            return
         if not self.nodes or not 0 < src.numel() * src.element_size() <= DEFERRED_UPLOAD_MAX_BYTES:
             _storage.set_buffer(storage, _runtime.to_device(src))
             return

@@ -102,8 +102,10 @@ class StrictExecutor:
                             n, jdt)
 
     def upload(self, storage, src) -> None:
-        """A contiguous CPU tensor's values become the whole storage's buffer."""
-        _storage.set_buffer(storage, _runtime.to_device(src))
+        """A contiguous CPU tensor's values become the whole storage's buffer (a small
+        integer one's shared by value: _storage.small_upload)."""
+        buf = _storage.small_upload(src)
+        _storage.set_buffer(storage, _runtime.to_device(src) if buf is None else buf)
 
     def write_in_place(self, plan, dst, src) -> bool:
         """copy_ (`plan`) of `src` into part of a buffer of IN_PLACE_MIN_BYTES or more that
