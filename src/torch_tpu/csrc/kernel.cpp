@@ -230,7 +230,8 @@ PyObject* record_deferred(KernelObject* k, PyObject* ex, PyObject* vals) {
     PyObject* in_bw = g_ex_in_backward.get(ex);
     const int busy = in_bw == nullptr ? -1 : PyObject_IsTrue(in_bw);
     Py_XDECREF(in_bw);
-    const int verdict = busy < 0 ? -1 : loop_push(g_loop, reinterpret_cast<uintptr_t>(entry), busy, k->apart);
+    const int verdict =
+        busy < 0 ? -1 : loop_push(g_loop, reinterpret_cast<uintptr_t>(entry), busy, k->apart);
     if (verdict > 0) {
       PyObject* code = PyLong_FromLong(verdict);
       PyObject* r = code == nullptr ? nullptr

@@ -133,7 +133,8 @@ PyObject* loop_len(PyObject* o, void*) {
 
 PyMethodDef loop_methods[] = {
     {"push", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(loop_push_py)), METH_FASTCALL,
-     "push(entry id, in_backward, compiles apart) -> 0, or 1 (a loop iteration ended: flush), or 2 (size cap)"},
+     "push(entry id, in_backward, compiles apart) -> 0, or 1 (a loop iteration ended: "
+     "flush), or 2 (size cap)"},
     {"reset", loop_reset_py, METH_NOARGS, "forget what was recorded (after a flush)"},
     {"repeated_block", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(loop_repeated_block)),
      METH_FASTCALL, "repeated_block(repeats, max_block) -> (P, 0), (0, pushes until), or (0, 0)"},

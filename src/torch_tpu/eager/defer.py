@@ -25,9 +25,10 @@ recording pays nothing per op: there the newest ops are searched (csrc/loop.cpp
 repeated_block) for a block of P ops repeated GUARD_REPEATS times in a row that holds an
 op XLA does not fuse into a loop (not pointwise). Found, the graph is flushed, and from
 then on every GUARD_CHUNK nodes (a whole number of blocks) that are exactly the block
-again are flushed alone: the same graph each time, one cached program. The first other op ends that. Models of at most 5
-identical layers and pointwise chains are never split; backward passes are (their steps
-repeat like the forward's). docs/DYNAMIC_SHAPES.md, "Cold start".
+again are flushed alone: the same graph each time, one cached program. The first other
+op ends that. Models of at most 5 identical layers and pointwise chains are never split;
+backward passes are (their steps repeat like the forward's). docs/DYNAMIC_SHAPES.md,
+"Cold start".
 
 Python's cyclic garbage collector is paused while a graph is pending (if it was running)
 and resumes at the flush. A small Llama step keeps ~2,500 recording objects alive until
