@@ -14,11 +14,11 @@
 //                         (made and cached through opcall.device_scalar when new);
 //   a number passed for a tensor (a wrapped number: `x + 1e-6`) -> ("#", its type), the
 //                         same device scalar;
-//   static arguments   -> their value (lists as tuples).
+//   static arguments   -> their value (lists as tuples);
+//   a factory's key ends with torch's default dtype (what dtype=None follows).
 // Whatever is rarer returns None and OpPlan.scan's Python handles it: a storage with no
 // buffer yet or of another device, conj/neg views, a tensor passed for a scalar, seeded
-// ops, factories, two mutated arguments sharing a storage. The Python path stays the
-// reference.
+// ops, two mutated arguments sharing a storage. The Python path stays the reference.
 #include <Python.h>
 
 #include <c10/core/DefaultDtype.h>
