@@ -68,12 +68,14 @@ def test_tensors_devices_copies_and_errors(tmp_path, mode):
                                    "least two devices, tpu:0 and tpu:1!")
     assert got["mixed_out"] == "Expected out tensor to have device tpu:0, but got tpu:1 instead"
     assert got["still"] == base.sum().item() * 2
+    assert got["picked"] == [(base * (i + 1))[:, [2, 0]].tolist() for i in range(4)]
     assert got["rng_same_seed"] and got["rng_restored"] and got["rng_states"] == 4
     assert abs(got["loss"] - _cpu_loss()) <= 1e-5
     assert got["grad_device"] == "tpu:1"
     assert got["buffers"] == {"x0": [0], "x1": [1], "x2": [2], "x3": [3], "made": [2],
                               "inner": [3], "moved": [1], "dst": [3], "cast": [2], "a": [1],
-                              "b": [2], "weight": [1], "grad": [1], "adam": [1]}
+                              "b": [2], "weight": [1], "grad": [1], "adam": [1],
+                              "ids0": [0], "ids3": [3]}
     assert got["direct_fallbacks"] == 0
     assert got["memory_grown"] == [0, 0, 0, 1 << 22], got["memory_grown"]
     assert got["peak_3"] and got["free_less_on_3"]

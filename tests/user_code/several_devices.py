@@ -35,6 +35,10 @@ out["moved"], out["moved_device"] = moved.cpu().tolist(), str(moved.device)
 out["dst"], out["cast"] = dst.cpu().tolist(), cast.cpu().tolist()
 out["cast_dtype"] = str(cast.dtype)
 
+# the same index list on every device (torch uploads it to the tensor's device)
+out["picked"] = [x[:, [2, 0]].cpu().tolist() for x in xs]
+ids = [torch.tensor([2, 0], device=d) for d in devs]
+
 # mixing devices: CUDA's error, and the process goes on
 try:
     xs[0] + xs[1]
@@ -99,6 +103,6 @@ if os.environ.get("CHECK_BUFFERS"):
         ("x0", xs[0]), ("x1", xs[1]), ("x2", xs[2]), ("x3", xs[3]), ("made", made),
         ("inner", inner), ("moved", moved), ("dst", dst), ("cast", cast), ("a", a), ("b", b),
         ("weight", layer.weight), ("grad", layer.weight.grad),
-        ("adam", opt.state[layer.weight]["exp_avg"])]}
+        ("adam", opt.state[layer.weight]["exp_avg"]), ("ids0", ids[0]), ("ids3", ids[3])]}
     out["direct_fallbacks"] = __import__("torch_tpu").metrics.counters.get("direct.fallbacks", 0)
 print("RESULT " + json.dumps(out))

@@ -56,7 +56,6 @@ import threading
 import weakref
 
 import jax.numpy as jnp
-import torch
 
 from .. import _C, _frames, _on_import, _runtime, _storage, metrics
 from .._program_cache import op_entry
