@@ -69,19 +69,37 @@ def _audio(config, g) -> list[tuple[str, dict]]:
         t = int(_get(config, "max_length", default=128))
         out.insert(0, ("spectrogram", {"input_values": torch.randn(BATCH, t, mel, generator=g)}))
     out.append(("audio-1ch", {"input_values": torch.randn(BATCH, 1, 4000, generator=g)}))
+    # a whole number of 1920-sample frames (and of 80, 128, 240, 320, 384, 640 samples)
+    out.append(("audio-3840", {"input_values": torch.randn(BATCH, 3840, generator=g)}))
     return out
 
 
-def _features(config, g) -> list[tuple[str, dict]]:
-    ac = _sub(config, "audio_config", "encoder_config", "encoder")
+def _features(config, g, params) -> list[tuple[str, dict]]:
+    """Audio features as (batch, features, frames) and (batch, frames, features) with the
+    config's feature size, as a 1-channel image (CLAP), then in the first two layouts
+    with 128 mel bins and with stacked frames (encoders whose config does not name the
+    size they read)."""
+    ac = _sub(config, "audio_config", "encoder_config", "asr_config", "encoder")
     f = int(_get(ac, "num_mel_bins", "feature_size", "input_feat_per_channel", "input_dim",
                  default=80))
     src = _get(ac, "max_source_positions", default=None)
     t = 2 * int(src) if isinstance(src, int) and src <= 4096 else 64
-    return [("features", {"input_features": torch.randn(BATCH, f, t, generator=g)}),
-            ("features-T", {"input_features": torch.randn(BATCH, 64, f, generator=g)}),
-            # a spectrogram as a 1-channel image (CLAP)
-            ("features-4d", {"input_features": torch.randn(BATCH, 1, 64, f, generator=g)})]
+    window = _get(ac, "n_window", default=None)  # chunked encoders read whole windows
+    t, t2 = (2 * window, 2 * window) if isinstance(window, int) and window <= 512 else (t, 64)
+    stack = int(_get(ac, "num_stacked_frames", default=4))
+    out = []
+    for i, size in enumerate(dict.fromkeys((f, 128, 2 * f, stack * f))):
+        tag = "" if i == 0 else f"-{size}"
+        for label, shape, frames in (("features", (BATCH, size, t), t),
+                                     ("features-T", (BATCH, t2, size), t2)):
+            kw = {"input_features": torch.randn(*shape, generator=g)}
+            if "input_features_mask" in params:  # one flag a frame
+                kw["input_features_mask"] = torch.ones(BATCH, frames, dtype=torch.long)
+            out.append((label + tag, kw))
+        if i == 0:
+            out.append(("features-4d",
+                        {"input_features": torch.randn(BATCH, 1, 64, f, generator=g)}))
+    return out
 
 
 def _text(config, g, params) -> list[tuple[str, dict]]:
@@ -122,10 +140,119 @@ def _series(config, g) -> list[tuple[str, dict]]:
             ("series-2d", {"past_values": torch.randn(BATCH, n, generator=g)})]
 
 
+def _merge(config) -> int:
+    m = _get(config, "spatial_merge_size", "merge_size", "merge_kernel_size", default=2)
+    return int(m[0] if isinstance(m, (list, tuple)) else m)
+
+
+def _patch_grid(config, g, name, grid_name) -> list[tuple[str, dict]]:
+    """Images as a vision tower of the Qwen-VL family takes them: the patches of all images
+    flattened into one sequence, with a (frames, rows, columns) grid per image. Two images
+    of 4x4 patches (twice the spatial merge), in the layouts such towers read: one row a
+    patch (channels x frames x patch x patch), each patch as a small image, or each merged
+    group of patches as a channels-last image."""
+    c = int(_get(config, "in_channels", "num_channels", default=3))
+    p = int(_get(config, "patch_size", default=14))
+    t = int(_get(config, "temporal_patch_size", "patch_temporal", default=1))
+    m = _merge(config)
+    side = 2 * m
+    n = side * side
+    grid = torch.tensor([[1, side, side]] * BATCH)
+    layouts = [("rows", (BATCH * n, c * t * p * p), grid),
+               ("rows-t1", (BATCH * n, c * p * p), grid),
+               ("patches", (BATCH * n, c, p, p), grid),
+               ("patches-t", (BATCH * n, c, t, p, p), grid),
+               # the grid counted in merged tokens (Inkling2)
+               ("merged", (BATCH * n // (m * m), p * m, p * m, c), grid // torch.tensor([1, m, m]))]
+    return [(f"grid-{label}", {name: torch.randn(*shape, generator=g), grid_name: thw})
+            for label, shape, thw in layouts]
+
+
+def _patch_sequence(config, g, params) -> list[tuple[str, dict]]:
+    """Images as patch sequences with explicit positions (SigLIP2's NaFlex, Gemma 4's
+    tower): (batch, patches, channels x patch x patch), with the patch grid's shape or
+    each patch's (x, y), and a mask of the real patches. The side is a multiple of the
+    tower's pooling kernel."""
+    c = int(_get(config, "num_channels", "in_channels", default=3))
+    p = int(_get(config, "patch_size", default=16))
+    k = int(_get(config, "pooling_kernel_size", default=1))
+    side = 4 if k == 1 else 2 * k
+    n = side * side
+    kw = {"pixel_values": torch.randn(BATCH, n, c * p * p, generator=g)}
+    if "pixel_position_ids" in params:
+        rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+        xy = torch.stack([cols, rows], -1).reshape(1, n, 2)
+        kw["pixel_position_ids"] = xy.expand(BATCH, -1, -1).contiguous()
+    if "spatial_shapes" in params:
+        kw["spatial_shapes"] = torch.tensor([[side, side]] * BATCH)
+    if "pixel_attention_mask" in params:
+        kw["pixel_attention_mask"] = torch.ones(BATCH, n, dtype=torch.long)
+    return [("patch-sequence", kw)]
+
+
+_EMBEDS = ("inputs_embeds", "hidden_states", "query_embeds", "noise_embeds")
+
+
+def _embeds(config, g, params) -> list[tuple[str, dict]]:
+    """Hidden states for a module whose forward takes only embeddings (a Q-Former's
+    queries, an audio tokenizer's latents): (batch, sequence, width) or channels first."""
+    names = [n for n in _EMBEDS if n in params and params[n].default is inspect.Parameter.empty]
+    if not names:
+        return []
+    width = int(_get(_text_config(config), "hidden_size", "d_model", "dim", "embed_dim",
+                     default=None) or _get(config, "hidden_size", "d_model", "hidden_dim",
+                                           "embed_dim", "vae_dim", default=64))
+    out = [(label, {n: torch.randn(*shape, generator=g) for n in names})
+           for label, shape in (("embeds", (BATCH, SEQ, width)),
+                                ("embeds-T", (BATCH, width, SEQ)),
+                                ("embeds-audio", (BATCH, 1, 4000)))]
+    cross = _get(config, "encoder_hidden_size", default=None)
+    if "encoder_hidden_states" in params and isinstance(cross, int):  # what it attends to
+        for _, kw in out:
+            kw["encoder_hidden_states"] = torch.randn(BATCH, SEQ, cross, generator=g)
+    return out
+
+
+# required arguments that go with another input, by name: made like that input
+_LIKE = {"prompt_pixel_values": "pixel_values", "prompt_masks": "pixel_values",
+         "past_values_padding": "past_values"}
+
+
+_VISUAL = {"visual_feats": "visual_feat_dim", "visual_pos": "visual_pos_dim"}
+
+
+def _companions(config, g, params, kw: dict) -> dict:
+    """`kw` with the arguments a forward requires beside its main input: a second
+    prompt's token ids (InstructBLIP's Q-Former), a prompt image and mask like the image
+    (SegGPT), a padding flag a step and a frequency (TimesFM), a language id (X-MOD), a
+    padding flag a frame (Gemma 3n's audio)."""
+    out = dict(kw)
+    for name, p in params.items():
+        if name in out or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        required = p.default is inspect.Parameter.empty
+        if required and name.endswith("input_ids"):
+            out[name] = ids(config, g)
+        elif required and _LIKE.get(name) in out:
+            like = out[_LIKE[name]]
+            out[name] = torch.zeros_like(like) if "padding" in name else \
+                torch.randn(like.shape, generator=g)
+        elif required and name == "freq":
+            out[name] = torch.zeros(BATCH, dtype=torch.long)
+        elif name == "lang_ids" and getattr(config, "default_language", "") is None:
+            out[name] = torch.zeros(BATCH, dtype=torch.long)  # no language set (X-MOD)
+        elif isinstance(getattr(config, _VISUAL.get(name, ""), None), int):
+            # a detector's region features and boxes (LXMERT)
+            out[name] = torch.rand(BATCH, SEQ, getattr(config, _VISUAL[name]), generator=g)
+        elif name == "audio_mel_mask" and "audio_mel" in out:  # True where padded
+            out[name] = torch.zeros(out["audio_mel"].shape[:2], dtype=torch.bool)
+    return out
+
+
 _MODALITIES = {"input_ids": ("ids", _text), "pixel_values": ("pixels", None),
                "pixel_values_videos": ("video", None),
                "input_features": ("features", _features), "input_values": ("audio", _audio),
-               "past_values": ("series", _series)}
+               "past_values": ("series", _series), "audio_mel": ("mel", None)}
 
 
 def candidates(model, config, seed: int = 0) -> list[tuple[str, dict]]:
@@ -134,20 +261,50 @@ def candidates(model, config, seed: int = 0) -> list[tuple[str, dict]]:
     ids and pixels), then each other modality alone."""
     g = torch.Generator().manual_seed(seed)
     params = inspect.signature(model.forward).parameters
+    grid = next((n for n in ("grid_thw", "image_grid_thw") if n in params), None)
+    if grid is not None and "input_ids" not in params and (
+            "hidden_states" in params or "pixel_values" in params):  # a vision tower
+        name = "pixel_values" if "pixel_values" in params else "hidden_states"
+        sets = _patch_grid(config, g, name, grid)
+        if "merge_sizes" in params:  # one merge size per image (VideoLLaMA3)
+            for _, kw in sets:
+                kw["merge_sizes"] = torch.full((BATCH,), _merge(config))
+        return sets
+    if "input_ids" not in params and (
+            "pixel_position_ids" in params or "spatial_shapes" in params):  # a vision tower
+        return _patch_sequence(config, g, params)
     main = getattr(model, "main_input_name", "input_ids")
     variants = {}
     for arg, (_, make) in _MODALITIES.items():
         if arg in params:
             if arg == "pixel_values":
-                variants[arg] = [("pixels", {"pixel_values": _pixels(config, g)})]
+                px = _pixels(config, g)
+                variants[arg] = [("pixels", {"pixel_values": px})]
                 if _get(_sub(config, "vision_config"), "num_frames", default=None):
                     variants[arg] += _video(config, g, arg)
+                # image pairs, for keypoint matchers (LightGlue)
+                variants[arg].append(("pixel-pairs",
+                                      {"pixel_values": torch.stack([px, px.flip(0)], 1)}))
             elif arg == "pixel_values_videos":
                 variants[arg] = _video(config, g, arg)
-            elif arg == "input_ids":
+            elif arg in ("input_ids", "input_features"):
                 variants[arg] = make(config, g, params)
+            elif arg == "audio_mel":  # frames by mel bins (Gemma 3n)
+                variants[arg] = [(f"mel{label[len('features-T'):]}",
+                                  {"audio_mel": kw["input_features"]})
+                                 for label, kw in _features(config, g, params)
+                                 if label.startswith("features-T")]
             else:
                 variants[arg] = make(config, g)
+    if not variants:
+        return [(label, _companions(config, g, params, kw))
+                for label, kw in _embeds(config, g, params)]
+    if "decoder_input_ids" in params and "input_ids" not in params:
+        # speech-to-text: the decoder's prompt goes with every input set
+        prompt = ids(config, g)
+        for sets in variants.values():
+            for _, kw in sets:
+                kw["decoder_input_ids"] = prompt
     order = ([main] if main in variants else []) + [a for a in variants if a != main]
     out: list[tuple[str, dict]] = []
     for i, arg in enumerate(order):
@@ -157,4 +314,4 @@ def candidates(model, config, seed: int = 0) -> list[tuple[str, dict]]:
                 for other in order[1:]:
                     for olabel, okw in variants[other][:None if j == 0 else 1]:
                         out.append((f"{label}+{olabel}", {**kw, **okw}))
-    return out
+    return [(label, _companions(config, g, params, kw)) for label, kw in out]
