@@ -133,11 +133,28 @@ def _video(config, g, name) -> list[tuple[str, dict]]:
     return [("video", {name: px.unsqueeze(1).expand(-1, frames, -1, -1, -1).contiguous()})]
 
 
-def _series(config, g) -> list[tuple[str, dict]]:
+def _series(config, g, params) -> list[tuple[str, dict]]:
     n = int(_get(config, "context_length", default=32))
     c = int(_get(config, "num_input_channels", default=1))
+    if "past_time_features" in params:  # forecasting transformers: lagged history, dates
+        return _forecast(config, g, n)
     return [("series", {"past_values": torch.randn(BATCH, n, c, generator=g)}),
             ("series-2d", {"past_values": torch.randn(BATCH, n, generator=g)})]
+
+
+def _forecast(config, g, n) -> list[tuple[str, dict]]:
+    """A forecaster's inputs: the context plus its largest lag of history, time
+    features for it and for the horizon, which steps were observed, and the horizon's
+    values (teacher forcing)."""
+    past = n + max(getattr(config, "lags_sequence", None) or [0])
+    horizon = int(_get(config, "prediction_length", default=4))
+    f = int(_get(config, "num_time_features", default=1))
+    return [("forecast", {
+        "past_values": torch.randn(BATCH, past, generator=g),
+        "past_time_features": torch.randn(BATCH, past, f, generator=g),
+        "past_observed_mask": torch.ones(BATCH, past),
+        "future_values": torch.randn(BATCH, horizon, generator=g),
+        "future_time_features": torch.randn(BATCH, horizon, f, generator=g)})]
 
 
 def _merge(config) -> int:
@@ -238,7 +255,7 @@ def _companions(config, g, params, kw: dict) -> dict:
             out[name] = torch.zeros_like(like) if "padding" in name else \
                 torch.randn(like.shape, generator=g)
         elif required and name == "freq":
-            out[name] = torch.zeros(BATCH, dtype=torch.long)
+            out[name] = torch.zeros(BATCH, 1, dtype=torch.long)
         elif name == "lang_ids" and getattr(config, "default_language", "") is None:
             out[name] = torch.zeros(BATCH, dtype=torch.long)  # no language set (X-MOD)
         elif isinstance(getattr(config, _VISUAL.get(name, ""), None), int):
@@ -287,7 +304,7 @@ def candidates(model, config, seed: int = 0) -> list[tuple[str, dict]]:
                                       {"pixel_values": torch.stack([px, px.flip(0)], 1)}))
             elif arg == "pixel_values_videos":
                 variants[arg] = _video(config, g, arg)
-            elif arg in ("input_ids", "input_features"):
+            elif arg in ("input_ids", "input_features", "past_values"):
                 variants[arg] = make(config, g, params)
             elif arg == "audio_mel":  # frames by mel bins (Gemma 3n)
                 variants[arg] = [(f"mel{label[len('features-T'):]}",

@@ -39,6 +39,7 @@ _WIDTH = re.compile(r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|dim|hidden_
                     r"hidden_sizes|embed_dims|dims|embed_dim_per_stage|conv_dim|"
                     r"decoder_hidden_dim|encoder_hidden_dim|query_dim|latent_dim|"
                     r"vision_hidden_size|audio_hidden_size|hidden_size_per_layer_input|codebook_dim|emb_dim|d_latents|"
+                    r"mamba_d_ssm|"
                     r"output_embedding_size|input_embedding_size|entity_emb_size)$")
 _FFN = re.compile(r"(intermediate_size|ffn_dim|^d_ff$|^n_inner$|mlp_dim|ffn_hidden_size|"
                   r"dim_feedforward|^linear_units$|decoder_intermediate_size)")
@@ -56,7 +57,7 @@ _KV_HEADS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_kv_heads|multi_que
 # side vocabularies no input of the harness reaches (entities, hashed byte groups)
 _SIDE_VOCABS = re.compile(r"^(entity_vocab_size|encoder_hash_byte_group_vocab)$")
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
-_TOPK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|moe_k)$")
+_TOPK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|moe_k|top_k_experts)$")
 # lists of layer indices: kept where they still name a layer
 _LAYER_INDEX_LISTS = re.compile(r"^(global_attn_indexes|deepstack_visual_indexes|"
                                 r"fullatt_block_indexes|mlp_only_layers|no_rope_layers|"
@@ -154,12 +155,14 @@ def _experts(d: dict) -> None:
                 d[k] = TINY["experts"]
         if "n_shared_experts" in d and d["n_shared_experts"] is None:
             d["n_shared_experts"] = 1
+        if "moe_intermediate_size" in d and d["moe_intermediate_size"] is None:
+            d["moe_intermediate_size"] = TINY["ffn"]  # Diffusion Gemma's experts
     for k, v in list(d.items()):
         if _EXPERTS.match(k) and _is_int(v) and v > TINY["experts"]:
             d[k] = TINY["experts"]
         elif _TOPK.match(k) and _is_int(v) and v > TINY["topk"]:
             d[k] = TINY["topk"]
-    for k in ("n_group", "topk_group"):
+    for k in ("n_group", "num_expert_group", "topk_group"):
         if _is_int(d.get(k)):
             d[k] = 1
     if _is_int(d.get("n_shared_experts")):
@@ -236,6 +239,12 @@ def _walk(d: dict, level: str) -> None:
     _experts(d)
     if _is_int(d.get("image_size")) and d["image_size"] > 224 and level != "layers":
         d["image_size"] = 224  # cost grows with its square; 224 divides by 7, 14, 16 and 32
+    if "prediction_length" in d and d["prediction_length"] is None:
+        # a forecaster's horizon is left to the user; the context covers the decoder's
+        # label window (Autoformer)
+        d["prediction_length"] = 4
+        if d.get("context_length") is None:
+            d["context_length"] = max(4, d.get("label_length") or 0)
     if "vocab_size" in d and d["vocab_size"] is None and _old_layers(d) is not None:
         d["vocab_size"] = 1000  # left to the tokenizer (ESM): any vocabulary will do
     for k, v in list(d.items()):
