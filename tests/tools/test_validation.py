@@ -133,6 +133,25 @@ def test_tolerances_are_exact_for_integers():
     assert compare.values_close(torch.tensor([1.0]), torch.tensor([1.00001]), torch.float32) is None
 
 
+# one type of each input family beyond token ids, images and raw audio: the input set the
+# harness finds for it on CPU
+INPUT_FAMILIES = {"qwen2_5_vl_vision": "grid-rows", "inkling2_vision": "grid-merged",
+                  "siglip2_vision_model": "patch-sequence", "canary": "features-T",
+                  "granite_speech5_encoder": "features-T-320", "timesfm": "series",
+                  "autoformer": "forecast", "blip_2_qformer": "embeds", "lxmert": "ids",
+                  "gemma3n_audio": "mel-128"}
+
+
+@pytest.mark.parametrize("model_type", sorted(INPUT_FAMILIES))
+def test_harness_builds_inputs_beyond_ids_and_pixels(model_type):
+    from torch_tpu_tools.validation import models
+
+    task, arch = models.model_types()[model_type]
+    r = models.check_model(model_type, task, arch, "strict", timeout=120, cpu_only=True)
+    assert r["status"] == "cpu_ok", f"{r.get('error')}: {r.get('detail')} ({r.get('tried')})"
+    assert r["inputs"] == INPUT_FAMILIES[model_type]
+
+
 def test_shrinker_makes_every_size_small_and_keeps_hybrid_layer_kinds():
     from transformers import LlamaConfig
 
