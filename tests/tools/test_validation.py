@@ -275,6 +275,28 @@ def test_a_gradient_cpu_gives_on_its_scalar_path_passes():
                                     torch.float32) == "differs"
 
 
+def test_a_step_is_judged_only_where_the_gradient_is_above_adams_eps():
+    """AdamW moves an element by lr * g / (|g| + eps): where the gradient is near eps (a
+    bias whose gradients cancel), a 1e-9 difference in it moves the parameter by lr / 10,
+    so such elements are judged by their gradient alone; elsewhere a wrong step fails."""
+    from torch_tpu_tools.validation import training
+
+    p = torch.tensor([0.5, 0.5])
+
+    def after(g):  # what training.step stores: the gradient and the parameter after AdamW
+        q = p.clone().requires_grad_()
+        q.grad = g.clone()
+        torch.optim.AdamW([q], lr=training.LR, eps=training.ADAM_EPS).step()
+        return {"out": torch.zeros(1), "loss": torch.zeros(()), "grads": {"b": g},
+                "params": {"b": q.detach()}}
+
+    cpu, tpu = after(torch.tensor([1e-8, 0.3])), after(torch.tensor([0.6e-8, 0.3]))
+    assert (cpu["params"]["b"] - tpu["params"]["b"]).abs().max() > 1e-4
+    assert training.compare_steps(cpu, tpu, None) is None
+    wrong = dict(tpu, params={"b": tpu["params"]["b"] + torch.tensor([0.0, 0.1])})
+    assert "param b" in training.compare_steps(cpu, wrong, None)
+
+
 @pytest.mark.slow
 def test_cli_validate_conformance_runs_in_a_child():
     env = dict(os.environ, HF_HUB_OFFLINE="1")
