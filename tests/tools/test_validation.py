@@ -152,6 +152,35 @@ def test_harness_builds_inputs_beyond_ids_and_pixels(model_type):
     assert r["inputs"] == INPUT_FAMILIES[model_type]
 
 
+def test_variants_switch_one_feature_on_where_the_config_has_it():
+    """A real config shrunk in depth and width only (head dimension kept), then one
+    feature at a time; a variant the config has no field for, or already is, is None."""
+    from transformers import LlamaConfig, MixtralConfig, Qwen2Config
+
+    from torch_tpu_tools.validation import variants
+
+    llama = LlamaConfig().to_dict()
+    d = variants.config_dict(llama, "default")
+    assert (d["num_hidden_layers"], d["num_attention_heads"], d["head_dim"],
+            d["hidden_size"]) == (2, 4, 128, 512)
+    assert d["vocab_size"] <= variants.MAX_VOCAB
+    assert variants.config_dict(llama, "gqa")["num_key_value_heads"] == 2
+    assert variants.config_dict(llama, "mqa")["num_key_value_heads"] == 1
+    assert variants.config_dict(llama, "mha") is None  # Llama 2 7B is multi-head already
+    assert variants.config_dict(llama, "sliding-window") is None
+    assert variants.config_dict(llama, "rope-yarn")["rope_parameters"]["rope_type"] == "yarn"
+    qwen = variants.config_dict(Qwen2Config().to_dict(), "sliding-window")
+    assert qwen["sliding_window"] == variants.WINDOW and qwen["use_sliding_window"]
+    assert set(qwen["layer_types"]) == {"sliding_attention"}
+    mixtral = MixtralConfig().to_dict()
+    assert variants.config_dict(mixtral, "top1")["num_experts_per_tok"] == 1
+    assert variants.config_dict(mixtral, "default")["num_local_experts"] == 4
+    for name in variants.VARIANTS:  # every variant the config has, its class accepts
+        d = variants.config_dict(llama, name)
+        if d is not None:
+            shrink.rebuilt(LlamaConfig(), d)
+
+
 def test_shrinker_makes_every_size_small_and_keeps_hybrid_layer_kinds():
     from transformers import LlamaConfig
 
@@ -165,6 +194,24 @@ def test_shrinker_makes_every_size_small_and_keeps_hybrid_layer_kinds():
                             "num_attention_heads": 12}, "scaled")
     assert (d["hidden_size"], d["intermediate_size"], d["head_dim"]) == (48, 192, 4)
     assert d["num_attention_heads"] == 12
+
+
+def test_shrinker_keeps_the_relations_between_sizes():
+    """A size that followed another follows it still, a per-layer list of layer indices is
+    remapped, and what __post_init__ derives from the sizes is derived again."""
+    from transformers import Zamba2Config
+
+    d = shrink.shrink_dict({"hidden_size": 2048, "mamba_expand": 2, "mamba_n_heads": 64,
+                            "mamba_d_head": 64, "lru_width": 2048}, "tiny")
+    assert d["mamba_d_head"] * d["mamba_n_heads"] == 2 * d["hidden_size"] == 2 * d["lru_width"]
+    d = shrink.shrink_dict({"head_dim": 256, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64},
+                           "tiny")
+    assert d["head_dim"] == d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    d = shrink.shrink_dict({"num_hidden_layers": 6, "layer_types": ["a"] * 5 + ["b"],
+                            "kv_source_layers": [0, 0, 2, 2, 4, 4]}, "layers")
+    assert d["layer_types"] == ["a", "a", "b"] and d["kv_source_layers"] == [0, 0, 2]
+    c = shrink.shrink(Zamba2Config(), "tiny")
+    assert c.mamba_headdim * c.n_mamba_heads == c.mamba_expand * c.hidden_size
 
 
 def test_expected_failures_files_are_generated_with_reasons():
@@ -350,6 +397,25 @@ def test_cli_validate_ops_runs_in_a_child_and_reports():
 
 
 @pytest.mark.slow  # a model type in two sweeps
+@pytest.mark.slow
+def test_cli_validate_variants_writes_its_section_and_resumes(tmp_path):
+    """`validate variants` in a child: grouped-query attention and bf16 weights of a real
+    Llama config, a training step each in DeferAndFuse; `--resume` skips both."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    cmd = [sys.executable, "-m", "torch_tpu", "validate", "variants", "--mode",
+           "defer_and_fuse", "--types", "llama", "--variants", "gqa,bf16,sliding-window",
+           "--out", str(tmp_path)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "2 configurations, 2 run on CPU, 2 match on tpu" in first.stdout, first.stdout
+    md = (tmp_path / "VALIDATION.md").read_text()
+    assert "| gqa | 1/1 (100.0%) |" in md and "| bf16 | 1/1 (100.0%) |" in md
+    again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600,
+                           env=env)
+    assert again.returncode == 0 and "this run: 0 configurations" in again.stdout, \
+        again.stderr[-3000:]
+
+
 def test_cli_validate_models_compiled_writes_a_column_and_resumes(tmp_path):
     """`validate models --mode compiled` in a child: the type's result lands in its
     mode's column of VALIDATION.md, and `--resume` skips what the current harness holds."""

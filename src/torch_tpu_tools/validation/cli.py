@@ -24,7 +24,8 @@ HELP = "sweeps on tpu vs CPU: validate ops|models|report (OUT/VALIDATION.md)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="what", metavar="ops|models|conformance|torchtitan|report",
+    sub = p.add_subparsers(dest="what",
+                           metavar="ops|models|variants|conformance|torchtitan|report",
                            required=True)
     o = sub.add_parser("ops", help="the OpInfo sweep: every op of op_db, tpu vs CPU")
     o.add_argument("--mode", choices=MODES, default="strict")
@@ -44,6 +45,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the types this mode's stored results already hold from the "
                         "current harness (a killed shard picks up where it stopped)")
     _common(m, timeout=600)
+    v = sub.add_parser("variants", help="real-config variants of the causal-LM, masked-LM "
+                                        "and classifier types (GQA, sliding window, RoPE "
+                                        "scaling, MoE top-1, biases, bf16, ...): a training "
+                                        "step each, tpu vs CPU")
+    v.add_argument("--mode", choices=MODEL_MODES, default="defer_and_fuse")
+    v.add_argument("--types", default="", help="comma-separated model types (default: all)")
+    v.add_argument("--variants", default="", help="comma-separated variants (default: all)")
+    v.add_argument("--resume", action="store_true",
+                   help="skip the (type, variant) pairs this mode's stored results hold")
+    _common(v, timeout=600)
     c = sub.add_parser("conformance", help="PyTorch's device-generic op checks (out=, errors, "
                                             "variants, ...) over op_db: docs/CONFORMANCE.md")
     c.add_argument("--mode", choices=CONFORMANCE_MODES, default="strict")
@@ -94,7 +105,7 @@ def main(args) -> int:
     _env.quiet()
     import torch_tpu  # noqa: F401  (registers the device)
 
-    return {"ops": _ops, "models": _models, "conformance": _conformance,
+    return {"ops": _ops, "models": _models, "variants": _variants, "conformance": _conformance,
             "torchtitan": torchtitan.main, "report": _report}[args.what](args)
 
 
@@ -236,6 +247,45 @@ def _models(args) -> int:
           f"tpu; " + ", ".join(f"{k} {n}" for k, n in s["status"].most_common()))
     if write:
         _write_docs(args.out, args.mode)
+    return 0
+
+
+def _variants(args) -> int:
+    from . import models, report, variants, variants_report, worker
+
+    types = models.model_types()
+    want = [t for t in args.types.split(",") if t]
+    picked = [v for v in args.variants.split(",") if v] or list(variants.VARIANTS)
+    unknown = [t for t in want if t not in types] + \
+        [v for v in picked if v not in variants.VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown model type(s) or variant(s): {', '.join(unknown)}")
+    units = [u for u in variants.units({t: types[t] for t in want} if want else types)
+             if u[1] in picked]
+    units = _shard(units, args.shard)
+    if args.resume:
+        stored = report.load(args.out, "variants", args.mode)["results"]
+        units = [u for u in units if u[1] not in stored.get(u[0], {})]
+    run = report.new_run()
+    done = {}
+
+    def on_result(unit, r):
+        r = {**_arch(types, unit[0]), "harness": models.HARNESS, **r}
+        done[unit] = r
+        if r["status"] not in ("pass", "unsupported"):
+            from tqdm import tqdm
+
+            tqdm.write(f"{unit[0]} {unit[1]}: {r['status']} {r.get('detail', '')[:140]}",
+                       file=sys.stderr)
+        if not args.no_write:
+            report.merge(args.out, "variants", args.mode, {unit[0]: {unit[1]: r}}, run)
+
+    with _progress(len(units), f"validate variants ({args.mode})") as bar:
+        worker.run_isolated("variants", units, {"mode": args.mode, "timeout": args.timeout},
+                            on_result, bar, hard_timeout=2 * args.timeout + 120)
+    print("this run: " + variants_report.brief(list(done.values())))
+    if not args.no_write:
+        variants_report.write(args.out)
     return 0
 
 

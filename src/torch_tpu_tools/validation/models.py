@@ -21,7 +21,7 @@ import time
 import torch
 
 from .. import workloads
-from . import compare, inputs, shrink, tolerances, training
+from . import compare, inputs, shrink, tolerances, training, variants
 from .ops import _SeededOps, classify, time_limit, _Timeout
 
 TASKS = [  # (task, mapping name), in the order a model type's task is chosen
@@ -52,24 +52,51 @@ def model_types() -> dict:
 
 
 def main_output(out):
-    """The tensor a model's user reads: its logits, or for a base model its hidden state."""
+    """The tensor a model's user reads: its logits, or for a base model its hidden state
+    (the first floating tensor; an integer one where there is none)."""
     for key in ("logits", "last_hidden_state", "prediction_logits", "logits_per_image",
                 "pooler_output", "audio_values", "reconstruction", "image_embeds"):
-        v = getattr(out, key, None) if not isinstance(out, (tuple, dict)) else None
+        # (a ModelOutput is a dict: its fields are its keys)
+        v = out.get(key) if isinstance(out, dict) else getattr(out, key, None) \
+            if not isinstance(out, tuple) else None
         if isinstance(v, torch.Tensor):
             return key, v
     seq = out.to_tuple() if hasattr(out, "to_tuple") else out
-    for i, v in enumerate(compare.leaves(seq)):
-        if isinstance(v, torch.Tensor) and v.is_floating_point():
+    leaves = [(i, v) for i, v in enumerate(compare.leaves(seq)) if isinstance(v, torch.Tensor)]
+    for i, v in leaves:
+        if v.is_floating_point():
             return f"out[{i}]", v
-    raise TypeError(f"no floating tensor in the output ({type(out).__name__})")
+    if leaves:  # discrete codes (an audio tokenizer's encoder): compared exactly
+        return f"out[{leaves[0][0]}]", leaves[0][1]
+    raise TypeError(f"no tensor in the output ({type(out).__name__})")
 
 
-def _build(model_type: str, cls_name: str, task: str, level: str):
-    import transformers
+class Unsupported(Exception):
+    """A variant the type's config class has no field for, or rejects."""
+
+
+def _config(model_type: str, level: str, variant: str | None):
+    from huggingface_hub.errors import StrictDataclassError
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    config = shrink.shrink(CONFIG_MAPPING[model_type](), level)
+    default = CONFIG_MAPPING[model_type]()
+    if variant is None:
+        return shrink.shrink(default, level)
+    d = variants.config_dict(default.to_dict(), variant)
+    if d is None:
+        raise Unsupported(f"{type(default).__name__} has no field for {variant}, or its "
+                          f"default already is it")
+    try:
+        return shrink.rebuilt(default, d)
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as e:  # its validation
+        raise Unsupported(f"{type(default).__name__} rejects {variant}: "
+                          f"{type(e).__name__}: {_first_line(e)}") from e
+
+
+def _build(model_type: str, cls_name: str, task: str, level: str, variant=None):
+    import transformers
+
+    config = _config(model_type, level, variant)
     if getattr(config, "pad_token_id", "absent") is None:
         # batches of 2 need a pad token (sequence classifiers find each row's last token;
         # ESM masks padding); the inputs never contain it (inputs.ids draws from 3 up)
@@ -116,10 +143,12 @@ def _forward(model, kwargs):
         return model(**kwargs)
 
 
-def _run_cpu(model, config):
-    """(label, kwargs, output, seeded) of the first input set that runs."""
+def _run_cpu(model, config, dtype=torch.float32):
+    """(label, kwargs, output, seeded) of the first input set that runs, its floating
+    inputs in `dtype`."""
     err = None
     for label, kw in inputs.candidates(model, config):
+        kw = {k: v.to(dtype) if v.is_floating_point() else v for k, v in kw.items()}
         watch = _SeededOps()
         try:
             with watch:
@@ -168,27 +197,35 @@ def _twin(model):
 
 
 def check_model(model_type: str, task: str, cls_name: str, mode: str,
-                timeout: float | None = 600, cpu_only: bool = False, on_tpu=None) -> dict:
+                timeout: float | None = 600, cpu_only: bool = False, on_tpu=None,
+                variant: str | None = None) -> dict:
     """{'status': 'pass' | 'mismatch' | 'tpu_error' | 'cpu_fail' | 'timeout', ...};
-    with `cpu_only`, 'cpu_ok' once the CPU side runs (to work on the shrinker)."""
+    with `cpu_only`, 'cpu_ok' once the CPU side runs (to work on the shrinker). With a
+    `variant` (variants.py), that real-config variant instead of the shrink levels;
+    'unsupported' where the config has no field for it."""
     import torch_tpu
 
     res = {"task": task, "arch": cls_name, "harness": HARNESS}
+    dtype = getattr(torch, variants.DTYPES.get(variant, "float32"))
     t0 = time.perf_counter()
     try:
         with time_limit(timeout, model_type):
             errors = []
-            for level in shrink.LEVELS:
+            for level in shrink.LEVELS if variant is None else ("real",):
                 try:
-                    config, model, n = _build(model_type, cls_name, task, level)
+                    config, model, n = _build(model_type, cls_name, task, level, variant)
+                    model = model.to(dtype)
                     # tpu runs a twin untouched by the CPU run: models cache tensors
                     # derived from buffers on first use (Mimi's codebook), which a
                     # later .to() does not move
                     twin = _twin(model)
-                    label, kw, out, seeded = _run_cpu(model, config)
+                    label, kw, out, seeded = _run_cpu(model, config, dtype)
                     break
                 except _Timeout:
                     raise
+                except Unsupported as e:
+                    return {**res, "status": "unsupported", "detail": str(e),
+                            "seconds": _since(t0)}
                 except Exception as e:
                     errors.append((level, e))
                     model = None
@@ -229,6 +266,10 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                     f"{key}: {got.dtype} {got.dim()}-d != cpu {want.dtype} {want.dim()}-d"
             elif seeded:
                 reason = compare.statistics_close([want], got)
+            elif dtype != torch.float32 and train is not None and train[2] is not None:
+                # bf16 logits differ by rounding through every layer: judged against the
+                # float64 step's output, as the step is
+                reason = training.judged(train[2]["out"], want, got, key)
             else:
                 rtol, atol = tolerances.MODEL_LOGITS
                 reason = compare.tensor_close(want, got, rtol, atol, key)

@@ -18,8 +18,8 @@ EXPECTED = pathlib.Path(__file__).with_name("expected")
 HEADER = """# Validation
 
 What runs on the `tpu` device, measured by the sweeps themselves
-(`python -m torch_tpu validate ops|models`): PyTorch's OpInfo database and the transformers
-model zoo, each on tpu against CPU eager. Each section names the commands that produced it.
+(`python -m torch_tpu validate ops|models|variants`): PyTorch's OpInfo database, the
+transformers model zoo and real-config variants of it, each on tpu against CPU eager. Each section names the commands that produced it.
 Here "tpu" is the tpu device running on XLA:CPU. The raw results are in `validation/`.
 
 ![coverage](validation_coverage.png)

@@ -2,9 +2,10 @@
 segfault in a kernel, the kernel's OOM killer, an XLA compile that never returns) costs only
 itself: the parent records it as a crash and starts a new child on the units after it.
 
-A unit is (name, dtype) for the OpInfo sweep, (name, family) for the conformance sweep and
-(model type, None) for the model sweep. The child appends one JSON line per event to a file
-the parent tails: {"start": unit} before a unit and {"unit": unit, "result": {...}} after it.
+A unit is (name, dtype) for the OpInfo sweep, (name, family) for the conformance sweep,
+(model type, None) for the model sweep and (model type, variant) for the variants. The child
+appends one JSON line per event to a file the parent tails: {"start": unit} before a unit
+and {"unit": unit, "result": {...}} after it.
 """
 from __future__ import annotations
 
@@ -140,7 +141,8 @@ def _child(spec_path: str, log_path: str) -> int:
                 log.write(json.dumps({"phase": "tpu"}) + "\n")
                 log.flush()
             return models.check_model(unit[0], task, cls_name, opts["mode"], opts["timeout"],
-                                      opts.get("cpu_only", False), on_tpu=on_tpu)
+                                      opts.get("cpu_only", False), on_tpu=on_tpu,
+                                      variant=unit[1] if kind == "variants" else None)
     parent = os.getppid()
     with open(log_path, "a") as log:
         for unit in spec["units"]:
