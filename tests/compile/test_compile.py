@@ -219,6 +219,28 @@ def test_outputs_alias_inputs_and_views():
     assert not c._is_view()
 
 
+def test_a_graph_that_passes_a_cpu_mask_on_between_graph_breaks():
+    """LightGlue's matching: a CPU mask made in the model, a branch on it (a graph break),
+    then a helper that indexes the tpu tensor with it and returns the mask too. The
+    graph between the breaks only hands its inputs on, the CPU mask among them."""
+    def pick(x, keep):
+        return x[keep] * 2, keep
+
+    def f(x):
+        stops = torch.ones(2, dtype=torch.bool)
+        if torch.any(stops):
+            return pick(x, stops.repeat_interleave(2))
+        return x, stops
+
+    x = torch.arange(12.0).reshape(4, 3)
+    for _ in range(2):  # the second call takes the built program
+        with torch.no_grad():
+            out, keep = _compiled(f)(x.to("tpu"))
+        want, want_keep = f(x)
+        torch.testing.assert_close(out.cpu(), want)
+        assert keep.device.type == "cpu" and torch.equal(keep, want_keep)
+
+
 def test_training_graph_with_aliased_outputs():
     def f(w, x):
         y = x @ w

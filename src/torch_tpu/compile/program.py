@@ -100,8 +100,12 @@ class Program:
         self.mutated = sorted(self.graph.mutated_inputs)
         # CPU inputs that device nodes write (host nodes write theirs on the host)
         self.cpu_mutated = [i for i in self.mutated if self.kinds[i] == IN_CPU]
-        self.has_host = bool(self.graph.host_pure or self.graph.host_mutating or self.graph.feeds)
         self.out_template = self._out_template()
+        # host values: nodes run on CPU, or a CPU input handed back as an output (a graph
+        # that only passes its inputs on, between two graph breaks: LightGlue's matching)
+        self.has_host = bool(self.graph.host_pure or self.graph.host_mutating or
+                             self.graph.feeds or any(s.kind == OUT_HOST
+                                                     for s in self.out_template))
         self.cache: dict = {}
         # the last call's layout (program_scan's memo) and (precision, executable): a call
         # laid out the same skips building and hashing its key (with program_results: the
