@@ -240,7 +240,7 @@ _VISUAL = {"visual_feats": "visual_feat_dim", "visual_pos": "visual_pos_dim"}
 
 def _companions(config, g, params, kw: dict) -> dict:
     """`kw` with the arguments a forward requires beside its main input: a second
-    prompt's token ids (InstructBLIP's Q-Former), a prompt image and mask like the image
+    prompt's token ids (InstructBLIP's Q-Former, OneFormer's task), a prompt image and mask like the image
     (SegGPT), a padding flag a step and a frequency (TimesFM), a language id (X-MOD), a
     padding flag a frame (Gemma 3n's audio)."""
     out = dict(kw)
@@ -248,8 +248,8 @@ def _companions(config, g, params, kw: dict) -> dict:
         if name in out or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         required = p.default is inspect.Parameter.empty
-        if required and name.endswith("input_ids"):
-            out[name] = ids(config, g)
+        if required and name.endswith(("input_ids", "task_inputs")):  # token ids
+            out[name] = ids(config, g, seq=int(getattr(config, "task_seq_len", SEQ)))
         elif required and _LIKE.get(name) in out:
             like = out[_LIKE[name]]
             out[name] = torch.zeros_like(like) if "padding" in name else \
@@ -291,6 +291,7 @@ def candidates(model, config, seed: int = 0) -> list[tuple[str, dict]]:
             "pixel_position_ids" in params or "spatial_shapes" in params):  # a vision tower
         return _patch_sequence(config, g, params)
     main = getattr(model, "main_input_name", "input_ids")
+    main = main[0] if isinstance(main, (list, tuple)) else main  # OneFormer names two
     variants = {}
     for arg, (_, make) in _MODALITIES.items():
         if arg in params:
