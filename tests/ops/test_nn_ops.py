@@ -410,6 +410,20 @@ def test_batch_norm_module(eager, train):
     torch.testing.assert_close(bn_tpu.running_var.cpu(), bn.running_var)
 
 
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_batch_norm_on_the_inputs_trains_its_affine_only(eager, train):
+    """A batch norm on the model's inputs (CLAP's spectrogram): nothing needs the input's
+    gradient, and torch's kernels still give it; the weight and bias get CPU's."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(3).train(train)
+    bn_tpu = copy.deepcopy(bn).to("tpu")
+    x = randn(2, 3, 4, 4)
+    bn(x).pow(2).sum().backward()
+    bn_tpu(x.to("tpu")).pow(2).sum().backward()
+    for got, want in ((bn_tpu.weight.grad, bn.weight.grad), (bn_tpu.bias.grad, bn.bias.grad)):
+        torch.testing.assert_close(got.cpu(), want, **TOL[torch.float32])
+
+
 def test_batch_norm_with_update(eager):
     x, w, b = randn(4, 3, 5), randn(3, seed=1), randn(3, seed=2)
     results = {}

@@ -191,12 +191,12 @@ def _native_batch_norm_backward(grad_out, input, weight, running_mean, running_v
     mean, invstd = _channel(mean, x.ndim), _channel(invstd, x.ndim)
     w = _channel(weight, x.ndim) if weight is not None else 1.0
     xhat = (x - mean) * invstd
-    grad_input = None
-    if output_mask[0]:
-        if train:
-            grad_input = _normalized_input_grad(g * w, xhat, invstd, axes)
-        else:  # the statistics are constants in eval mode
-            grad_input = g * w * invstd
+    # the input's gradient even where output_mask leaves it out, as torch's decomposition
+    # (the meta the result specs come from) returns it: a batch norm on the inputs
+    if train:
+        grad_input = _normalized_input_grad(g * w, xhat, invstd, axes)
+    else:  # the statistics are constants in eval mode
+        grad_input = g * w * invstd
     grad_weight = jnp.sum(g * xhat, axis=axes) if output_mask[1] else None
     grad_bias = jnp.sum(g, axis=axes) if output_mask[2] else None
     return grad_input, grad_weight, grad_bias
