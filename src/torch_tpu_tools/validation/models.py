@@ -214,7 +214,8 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
             for level in shrink.LEVELS if variant is None else ("real",):
                 try:
                     config, model, n = _build(model_type, cls_name, task, level, variant)
-                    model = model.to(dtype)
+                    if dtype != torch.float32:  # (models keep float64 buffers of their own)
+                        model = model.to(dtype)
                     # tpu runs a twin untouched by the CPU run: models cache tensors
                     # derived from buffers on first use (Mimi's codebook), which a
                     # later .to() does not move
