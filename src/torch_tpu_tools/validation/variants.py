@@ -81,6 +81,7 @@ def _walk(d: dict) -> None:
     if not all(isinstance(k, str) for k in d):
         return
     shrink._layers(d, shrink.TINY["layers"])
+    shrink._unset(d)  # what the default leaves to its checkpoint (shrink.py)
     shrink._experts(d)
     _keep_heads(d)
     _cap_vocab(d)
