@@ -7,7 +7,7 @@ import collections
 import pathlib
 
 from ..bench import common
-from . import report, variants
+from . import report, variants, zoo_report
 from .zoo_report import MODES
 
 _FAILED = ("tpu_error", "mismatch", "timeout", "crash")
@@ -81,30 +81,14 @@ def markdown(by_mode: dict) -> str:
 
 def plot(path: pathlib.Path, by_mode: dict) -> None:
     """Match rate per variant, one bar per mode, of the configurations that run on CPU."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(variants.VARIANTS)
-    fig, ax = plt.subplots(figsize=(11, 4))
-    width = 0.8 / len(by_mode)
-    for i, (mode, (_, flat)) in enumerate(by_mode.items()):
-        rates = []
-        for v in names:
-            c = counts([r for (_, vv), r in flat.items() if vv == v])
-            rates.append(100 * c["pass"] / c["ran"] if c["ran"] else 0)
-        ax.bar([j + i * width for j in range(len(names))], rates, width, label=mode)
-    ax.set_xticks([j + width * (len(by_mode) - 1) / 2 for j in range(len(names))], names,
-                  rotation=45, ha="right")
-    ax.set_ylabel("% of configurations that run on CPU")
-    ax.set_ylim(0, 105)
-    ax.set_title("real-config variants: forward and training step match, per mode")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    rates = {}
+    for mode, (_, flat) in by_mode.items():
+        cs = [counts([r for (_, vv), r in flat.items() if vv == v]) for v in names]
+        rates[mode] = [100 * c["pass"] / c["ran"] if c["ran"] else 0 for c in cs]
+    zoo_report.bars(path, names, rates, "% of configurations that run on CPU",
+                    "real-config variants: forward and training step match, per mode",
+                    width_in=11, rotate=True)
 
 
 def write(out: pathlib.Path) -> None:

@@ -74,26 +74,36 @@ def markdown(by_mode: dict) -> str:
 
 def plot(path: pathlib.Path, by_mode: dict) -> None:
     """Pass rate per task, one bar per mode, of the types that run on CPU."""
+    tasks = sorted({r.get("task", "") for d in by_mode.values() for r in d["results"].values()})
+    rates = {}
+    for mode, d in by_mode.items():
+        rates[mode] = []
+        for t in tasks:
+            rs = [r for r in d["results"].values() if r.get("task") == t and
+                  r["status"] != "cpu_fail"]
+            rates[mode].append(100 * sum(r["status"] == "pass" for r in rs) / len(rs)
+                               if rs else 0)
+    bars(path, tasks, rates, "% of types that run on CPU",
+         "model zoo: forward and training step match, per mode")
+
+
+def bars(path: pathlib.Path, groups: list, rates: dict, ylabel: str, title: str,
+         width_in: float = 9, rotate: bool = False) -> None:
+    """A percentage per group, one bar per mode (rates: mode -> a value per group)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = sorted({r.get("task", "") for d in by_mode.values() for r in d["results"].values()})
-    fig, ax = plt.subplots(figsize=(9, 4))
-    width = 0.8 / len(by_mode)
-    for i, (mode, d) in enumerate(by_mode.items()):
-        rates = []
-        for t in tasks:
-            rs = [r for r in d["results"].values() if r.get("task") == t and
-                  r["status"] != "cpu_fail"]
-            rates.append(100 * sum(r["status"] == "pass" for r in rs) / len(rs) if rs else 0)
-        xs = [j + i * width for j in range(len(tasks))]
-        ax.bar(xs, rates, width, label=mode)
-    ax.set_xticks([j + width * (len(by_mode) - 1) / 2 for j in range(len(tasks))], tasks)
-    ax.set_ylabel("% of types that run on CPU")
+    fig, ax = plt.subplots(figsize=(width_in, 4))
+    width = 0.8 / len(rates)
+    for i, (mode, values) in enumerate(rates.items()):
+        ax.bar([j + i * width for j in range(len(groups))], values, width, label=mode)
+    ax.set_xticks([j + width * (len(rates) - 1) / 2 for j in range(len(groups))], groups,
+                  **({"rotation": 45, "ha": "right"} if rotate else {}))
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 105)
-    ax.set_title("model zoo: forward and training step match, per mode")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
