@@ -344,6 +344,43 @@ def test_a_step_is_judged_only_where_the_gradient_is_above_adams_eps():
     assert "param b" in training.compare_steps(cpu, wrong, None)
 
 
+def test_top_k_ties_are_taken_as_cpu_chose_them_and_only_ties():
+    """Tied scores: CPU's top-k and XLA's pick different rows, both correctly. The tpu run
+    takes CPU's recorded choice where it is a valid answer on tpu's own scores (values
+    within the forward tolerance), gradients flowing as through topk; a choice that is not
+    a tie stays tpu's."""
+    from torch_tpu_tools.validation.selection import Selections
+
+    scores = torch.zeros(2, 12)
+    scores[:, :3] = torch.tensor([3.0, 2.0, 1.0])
+    scores[1, 7] = 5.0
+    feats = torch.randn(2, 12, 4, generator=torch.Generator().manual_seed(0))
+    weight = torch.arange(1.0, 7.0)[None, :, None]
+
+    def model(s, f):  # keeps the 6 best rows, each weighted by its rank
+        f = f.clone().requires_grad_()
+        idx = s.topk(6, dim=1).indices
+        out = (torch.gather(f, 1, idx[..., None].expand(-1, -1, 4)) * weight.to(f.device))
+        out.sum().backward()
+        return out.detach().cpu(), f.grad.cpu()
+
+    cpu = Selections()
+    with cpu:
+        want = model(scores, feats)
+    plain = model(scores.to("tpu"), feats.to("tpu"))
+    assert not torch.equal(plain[0], want[0])  # the two kernels break ties differently
+    tpu = Selections(cpu.calls)
+    with tpu:
+        got = model(scores.to("tpu"), feats.to("tpu"))
+    assert tpu.aligned == 1 and all(torch.equal(a, b) for a, b in zip(got, want))
+    other = scores.clone()
+    other[0, 3] = 2.5  # a row that CPU's choice left out now outscores one it kept
+    tpu = Selections(cpu.calls)
+    with tpu:
+        model(other.to("tpu"), feats.to("tpu"))
+    assert tpu.aligned == 0 and not torch.equal(tpu.calls[0], cpu.calls[0])
+
+
 @pytest.mark.slow
 def test_cli_validate_conformance_runs_in_a_child():
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -397,7 +434,6 @@ def test_cli_validate_ops_runs_in_a_child_and_reports():
 
 
 @pytest.mark.slow  # a model type in two sweeps
-@pytest.mark.slow
 def test_cli_validate_variants_writes_its_section_and_resumes(tmp_path):
     """`validate variants` in a child: grouped-query attention and bf16 weights of a real
     Llama config, a training step each in DeferAndFuse; `--resume` skips both."""

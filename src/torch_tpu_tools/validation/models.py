@@ -21,7 +21,7 @@ import time
 import torch
 
 from .. import workloads
-from . import compare, inputs, shrink, tolerances, training, variants
+from . import compare, inputs, selection, shrink, tolerances, training, variants
 from .ops import _SeededOps, classify, time_limit, _Timeout
 
 TASKS = [  # (task, mapping name), in the order a model type's task is chosen
@@ -144,33 +144,35 @@ def _forward(model, kwargs):
 
 
 def _run_cpu(model, config, dtype=torch.float32):
-    """(label, kwargs, output, seeded) of the first input set that runs, its floating
-    inputs in `dtype`."""
+    """(label, kwargs, output, seeded, top-k choices) of the first input set that runs,
+    its floating inputs in `dtype`."""
     err = None
     for label, kw in inputs.candidates(model, config):
         kw = {k: v.to(dtype) if v.is_floating_point() else v for k, v in kw.items()}
-        watch = _SeededOps()
+        watch, picks = _SeededOps(), selection.Selections()
         try:
-            with watch:
+            with watch, picks:
                 out = _forward(model, kw)
             main_output(out)
         except Exception as e:  # the next input set may suit the model better
             err = err or e  # the most likely input set's error is the one to report
             continue
-        return label, kw, out, watch.seeded
+        return label, kw, out, watch.seeded, picks.calls
     raise err if err is not None else TypeError("no input set fits the forward signature")
 
 
 def _train_cpu(model, config, task, kw):
-    """(label kwargs, CPU float32's step, float64's step or None), or None when no step
-    runs on CPU (the head's loss, then a projection of the output, are tried)."""
+    """(label kwargs, CPU float32's step, float64's step or None, the step's top-k
+    choices), or None when no step runs on CPU (the head's loss, then a projection of the
+    output, are tried)."""
     tried = [training.labels(task, config, kw)]
     if tried[0]:
         tried.append({})
     for label_kw in tried:
-        wide = _in_float64(model, kw)
+        wide, picks = _in_float64(model, kw), selection.Selections()
         try:
-            step = training.step(model, kw, label_kw, main_output)
+            with picks:
+                step = training.step(model, kw, label_kw, main_output)
         except Exception:  # noqa: BLE001  (the next loss may suit the head)
             continue
         if wide is not None:
@@ -178,7 +180,7 @@ def _train_cpu(model, config, task, kw):
                 wide = training.step(wide[0], wide[1], label_kw, main_output)
             except Exception:  # noqa: BLE001  (no float64 reference: fixed tolerances)
                 wide = None
-        return label_kw, step, wide
+        return label_kw, step, wide, picks.calls
     return None
 
 
@@ -220,7 +222,7 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                     # derived from buffers on first use (Mimi's codebook), which a
                     # later .to() does not move
                     twin = _twin(model)
-                    label, kw, out, seeded = _run_cpu(model, config, dtype)
+                    label, kw, out, seeded, picks = _run_cpu(model, config, dtype)
                     break
                 except _Timeout:
                     raise
@@ -243,6 +245,9 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
             want = want.detach().cpu()
             if on_tpu is not None:
                 on_tpu()
+            tol = tolerances.MODEL_LOGITS if dtype == torch.float32 else tolerances.grad(dtype)
+            tpu_picks = [selection.Selections(picks, tol),
+                         selection.Selections(None if train is None else train[3], tol)]
             try:
                 cpu_model = model
                 if mode == "compiled":
@@ -251,10 +256,12 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                     model = twin.to("tpu")
                     run = torch.compile(model, backend="tpu") if mode == "compiled" else model
                     kw_t = {k: v.to("tpu") for k, v in kw.items()}
-                    got = main_output(_forward(run, kw_t))[1].detach().cpu()
-                    got_step = None if train is None else training.step(
-                        model, kw_t, {k: v.to("tpu") for k, v in train[0].items()},
-                        main_output, run)
+                    with tpu_picks[0]:
+                        got = main_output(_forward(run, kw_t))[1].detach().cpu()
+                    with tpu_picks[1]:
+                        got_step = None if train is None else training.step(
+                            model, kw_t, {k: v.to("tpu") for k, v in train[0].items()},
+                            main_output, run)
             except _Timeout:
                 raise
             except Exception as e:
@@ -268,9 +275,7 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
             elif seeded:
                 reason = compare.statistics_close([want], got)
             else:
-                rtol, atol = tolerances.MODEL_LOGITS if dtype == torch.float32 else \
-                    tolerances.grad(dtype)
-                reason = compare.tensor_close(want, got, rtol, atol, key)
+                reason = compare.tensor_close(want, got, *tol, key)
                 if reason and train is not None and train[2] is not None:
                     # bf16 logits, which differ by rounding through every layer, and
                     # forwards CPU's own float32 is as far from float64 on (detectors'
@@ -278,6 +283,9 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
                     reason = training.judged(train[2]["out"], want, got, key)
             if reason is None and train is not None:
                 reason = training.compare_steps(train[1], got_step, train[2])
+            aligned = sum(p.aligned for p in tpu_picks)
+            if aligned:
+                res["topk_as_cpu"] = aligned
             res["train"] = "none" if train is None else \
                 f"{'labels' if train[0] else 'projection'}, " + \
                 ("float64" if train[2] is not None else "float32 tolerances")

@@ -31,6 +31,8 @@ def _cell(r: dict | None) -> str:
     if status == "pass":
         how = "forward only" if "harness" not in r and "train" not in r else \
             ("random: statistics" if r.get("random") else f"step: {r['train']}")
+        if r.get("topk_as_cpu"):  # validation/selection.py
+            how += f"; {r['topk_as_cpu']} top-k near-ties taken as CPU's"
         return f"pass ({how})"
     if status == "cpu_fail":
         return "cpu_fail"
