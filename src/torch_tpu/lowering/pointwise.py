@@ -53,32 +53,21 @@ def _mul(a, b):
 
 @pointwise(aten.div.Tensor, aten.div.Scalar, operands=2, int_to_float=True, exact=(1,))
 def _true_div(a, b):
-    q = a / b
-    if q.dtype == jnp.float32 and _runtime.platform() == "cpu":
-        q = _rounded_quotient(q, a, b)
-    return q
-
-
-def _rounded_quotient(q, a, b):
-    """The correctly rounded float32 quotient, as torch's CPU and CUDA kernels give it.
-
-    XLA's algebraic simplifier turns `a / broadcast(b)` (a scalar or a smaller divisor, or
-    one broadcast earlier in the same graph) into `a * (1 / b)`, one ulp off for about a
-    quarter of the elements (`x / 28` over a linspace). A model whose gradient jumps at
-    pixel centres (deformable attention's bilinear sampling, where GroundingDINO's
-    reference points `(i + 0.5) / W` lie) then differs from CPU by 1e3 times CPU's own
-    error. One correction step restores the rounding: a * b's error is exact in float64
-    (24-bit products), and XLA does not narrow it away, as it does a bare float64 divide
-    between two converts. Compute only, so it fuses (16M elements: 24.8 ms against 22.8;
-    a barrier that keeps the broadcast costs a full-size buffer). On TPU division is
-    approximate in hardware and float64 emulated; XLA:GPU rewrites as XLA:CPU does, but
-    the correction is unmeasured there, so only the CPU platform takes it."""
-    wide = jnp.float64
-    q, a, b = jnp.broadcast_arrays(q, a, b)
-    err = a.astype(wide) - q.astype(wide) * b.astype(wide)
-    fixed = q + (err / b.astype(wide)).astype(jnp.float32)
-    # (q stays where exact, and where q or the error is inf or nan: keeps -0.0 and x/inf)
-    return jnp.where(jnp.isfinite(q) & jnp.isfinite(err) & (err != 0), fixed, q)
+    shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+    if jnp.shape(b) != shape and a.dtype == jnp.float32 and _runtime.platform() == "cpu":
+        # torch's division is correctly rounded. XLA's algebraic simplifier turns
+        # `a / broadcast(b)` into `a * (1 / b)`, one ulp off for about a quarter of the
+        # elements (`x / 28` over a linspace); a model whose gradient jumps at pixel
+        # centres (deformable attention's bilinear sampling, where GroundingDINO's
+        # reference points `(i + 0.5) / W` lie) then differs from CPU by 1000x CPU's own
+        # error. A barrier keeps the divisor a full-size operand, which XLA divides
+        # exactly: 10M elements by a scalar or a column, 11.5-14.4 ms against 12.8-14.7
+        # (an error-correcting step in float64 cost 16-20 ms). A divisor broadcast by an
+        # earlier op of the same graph (`b.expand(...)` then `/`) still meets the rewrite.
+        # On TPU division is approximate in hardware; XLA:GPU rewrites as XLA:CPU does,
+        # unmeasured there, so only the CPU platform takes this.
+        b = lax.optimization_barrier(jnp.broadcast_to(b, shape))
+    return a / b
 
 
 def _floor_div(a, b, dtype):
