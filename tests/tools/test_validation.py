@@ -466,3 +466,40 @@ def test_cli_validate_models_compiled_writes_a_column_and_resumes(tmp_path):
     again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600,
                            env=env)
     assert again.returncode == 0 and "this run: 0 types" in again.stdout, again.stderr[-3000:]
+
+
+def test_referee_judges_as_the_dynamo_suites_same():
+    """The second referee's judge is the dynamo benchmark's `same()`: allclose at tol, or
+    else an RMSE from float64 within the multiplier times CPU float32's plus tol / 10;
+    small tensors and the suite's higher_training models get more room."""
+    from torch_tpu_tools.validation import referee
+
+    g = torch.Generator().manual_seed(0)
+    f64 = torch.randn(2000, generator=g, dtype=torch.float64)
+    cpu = f64 + 1e-3 * torch.randn(2000, generator=g, dtype=torch.float64)
+    wide = {"w": f64}
+    assert referee.same("OPTForCausalLM", {"w": cpu}, {"w": cpu + 5e-3}, wide) is None
+    off = f64 + 0.05 * torch.randn(2000, generator=g, dtype=torch.float64)  # 50x CPU's
+    assert "w: RMSE from float64" in referee.same("OPTForCausalLM", {"w": cpu}, {"w": off},
+                                                  wide)
+    near = f64 + 2.5e-3 * torch.randn(2000, generator=g, dtype=torch.float64) + 0.02
+    assert referee.same("OPTForCausalLM", {"w": cpu}, {"w": near}, wide) is not None
+    assert referee.same("OPTForCausalLM", {"w": cpu}, {"w": near}, None).endswith(
+        "(no float64 reference)")
+
+
+def test_cli_validate_referee_writes_its_section_and_resumes(tmp_path):
+    """`validate referee` in a child: one model of the dynamo list, its two training steps
+    judged by the suite's protocol in DeferAndFuse; `--resume` skips it."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    cmd = [sys.executable, "-m", "torch_tpu", "validate", "referee", "--mode",
+           "defer_and_fuse", "--models", "DistillGPT2", "--out", str(tmp_path)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "1 models, 1 run on CPU, 1 pass on tpu" in first.stdout, first.stdout
+    md = (tmp_path / "VALIDATION.md").read_text()
+    assert "| `DistillGPT2` |  | pass |" in md and (tmp_path / "validation_referee.png").exists()
+    again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600,
+                           env=env)
+    assert again.returncode == 0 and "this run: 0 models" in again.stdout, \
+        again.stderr[-3000:]

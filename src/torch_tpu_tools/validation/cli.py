@@ -1,4 +1,4 @@
-"""`python -m torch_tpu validate ops|models|conformance|torchtitan|report`.
+"""`python -m torch_tpu validate ops|models|variants|referee|conformance|torchtitan|report`.
 
 A run may cover a chunk (`--ops`, `--types`, `--shard I/N`): its results merge into
 OUT/validation/<kind>-<mode>.json (`--out`, default ./docs), and the reports
@@ -25,7 +25,7 @@ HELP = "sweeps on tpu vs CPU: validate ops|models|report (OUT/VALIDATION.md)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="what",
-                           metavar="ops|models|variants|conformance|torchtitan|report",
+                           metavar="ops|models|variants|referee|conformance|torchtitan|report",
                            required=True)
     o = sub.add_parser("ops", help="the OpInfo sweep: every op of op_db, tpu vs CPU")
     o.add_argument("--mode", choices=MODES, default="strict")
@@ -55,6 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--resume", action="store_true",
                    help="skip the (type, variant) pairs this mode's stored results hold")
     _common(v, timeout=600)
+    e = sub.add_parser("referee", help="a second referee: PyTorch's dynamo Hugging Face "
+                                       "benchmark list under that suite's accuracy protocol")
+    e.add_argument("--mode", choices=MODEL_MODES, default="strict")
+    e.add_argument("--models", default="", help="comma-separated names of the list "
+                                                "(default: all)")
+    e.add_argument("--resume", action="store_true",
+                   help="skip the models this mode's stored results hold")
+    _common(e, timeout=600)
     c = sub.add_parser("conformance", help="PyTorch's device-generic op checks (out=, errors, "
                                             "variants, ...) over op_db: docs/CONFORMANCE.md")
     c.add_argument("--mode", choices=CONFORMANCE_MODES, default="strict")
@@ -105,8 +113,9 @@ def main(args) -> int:
     _env.quiet()
     import torch_tpu  # noqa: F401  (registers the device)
 
-    return {"ops": _ops, "models": _models, "variants": _variants, "conformance": _conformance,
-            "torchtitan": torchtitan.main, "report": _report}[args.what](args)
+    return {"ops": _ops, "models": _models, "variants": _variants, "referee": _referee,
+            "conformance": _conformance, "torchtitan": torchtitan.main,
+            "report": _report}[args.what](args)
 
 
 def _ops(args) -> int:
@@ -289,6 +298,38 @@ def _variants(args) -> int:
     return 0
 
 
+def _referee(args) -> int:
+    from . import referee, referee_report, report, worker
+
+    names = [n for n in args.models.split(",") if n] or list(referee.MODELS)
+    unknown = [n for n in names if n not in referee.MODELS]
+    if unknown:
+        raise SystemExit(f"not in the list: {', '.join(unknown)}")
+    names = _shard(names, args.shard)
+    if args.resume:
+        stored = report.load(args.out, "referee", args.mode)["results"]
+        names = [n for n in names if n not in stored]
+    run = report.new_run()
+    done = {}
+
+    def on_result(unit, r):
+        done[unit[0]] = r
+        from tqdm import tqdm
+
+        tqdm.write(f"{unit[0]}: {r['status']} {r.get('detail', '')[:140]}", file=sys.stderr)
+        if not args.no_write:
+            report.merge(args.out, "referee", args.mode, {unit[0]: r}, run)
+
+    with _progress(len(names), f"validate referee ({args.mode})") as bar:
+        worker.run_isolated("referee", [(n, None) for n in names],
+                            {"mode": args.mode, "timeout": args.timeout}, on_result, bar,
+                            hard_timeout=2 * args.timeout + 120)
+    print("this run: " + referee_report.brief(done))
+    if not args.no_write:
+        referee_report.write(args.out)
+    return 0
+
+
 def _arch(types, mt) -> dict:
     task, cls_name = types[mt]
     return {"task": task, "arch": cls_name}
@@ -303,7 +344,7 @@ def _write_docs(out, mode: str) -> None:
     """The reports of the stored results of `mode` in OUT, and the model zoo's every-mode
     table; in Strict mode also the plot. The expected failures (package data) are generated
     only when OUT is the default ./docs: a sweep written elsewhere must not rewrite them."""
-    from . import models, ops, report, zoo_report
+    from . import models, ops, referee_report, report, zoo_report
 
     dtypes = list(ops.DTYPES)
     suffix = "" if mode == "strict" else f"-{mode}"
@@ -321,3 +362,4 @@ def _write_docs(out, mode: str) -> None:
         zoo_report.write(out, expected_too=home)
     if mode == "strict":
         report.plot(out, o if o["results"] else None, m if m["results"] else None, dtypes)
+    referee_report.write(out)  # (its plot sets the referee beside the zoo)

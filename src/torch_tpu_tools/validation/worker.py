@@ -3,7 +3,8 @@ segfault in a kernel, the kernel's OOM killer, an XLA compile that never returns
 itself: the parent records it as a crash and starts a new child on the units after it.
 
 A unit is (name, dtype) for the OpInfo sweep, (name, family) for the conformance sweep,
-(model type, None) for the model sweep and (model type, variant) for the variants. The child
+(model type, None) for the model sweep, (model type, variant) for the variants and
+(name, None) for the referee's list. The child
 appends one JSON line per event to a file the parent tails: {"start": unit} before a unit
 and {"unit": unit, "result": {...}} after it.
 """
@@ -129,6 +130,11 @@ def _child(spec_path: str, log_path: str) -> int:
 
         def run(unit):
             return conformance.check(unit[1], by_name[unit[0]], opts["mode"])
+    elif kind == "referee":
+        from . import referee
+
+        def run(unit):
+            return referee.check(unit[0], opts["mode"], opts["timeout"], on_tpu=on_tpu)
     else:
         from . import models
 
@@ -136,15 +142,16 @@ def _child(spec_path: str, log_path: str) -> int:
 
         def run(unit):
             task, cls_name = types[unit[0]]
-
-            def on_tpu():
-                log.write(json.dumps({"phase": "tpu"}) + "\n")
-                log.flush()
             return models.check_model(unit[0], task, cls_name, opts["mode"], opts["timeout"],
                                       opts.get("cpu_only", False), on_tpu=on_tpu,
                                       variant=unit[1] if kind == "variants" else None)
     parent = os.getppid()
-    with open(log_path, "a") as log:
+    log = open(log_path, "a")
+
+    def on_tpu():  # the parent counts a crash from here on against tpu
+        log.write(json.dumps({"phase": "tpu"}) + "\n")
+        log.flush()
+    with log:
         for unit in spec["units"]:
             if os.getppid() != parent:
                 return 1  # the sweep that started us is gone: nobody reads the results
