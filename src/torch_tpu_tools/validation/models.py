@@ -246,8 +246,8 @@ def check_model(model_type: str, task: str, cls_name: str, mode: str,
             if on_tpu is not None:
                 on_tpu()
             tol = tolerances.MODEL_LOGITS if dtype == torch.float32 else tolerances.grad(dtype)
-            tpu_picks = [selection.Selections(picks, tol),
-                         selection.Selections(None if train is None else train[3], tol)]
+            tpu_picks = [selection.following(picks, tol),
+                         selection.following(None if train is None else train[3], tol)]
             try:
                 cpu_model = model
                 if mode == "compiled":

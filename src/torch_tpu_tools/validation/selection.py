@@ -59,3 +59,19 @@ class Selections(TorchFunctionMode):
             return out  # not a near tie: tpu's scores differ, and the mismatch shows
         self.aligned += 1
         return torch.return_types.topk((taken, idx))
+
+
+class _Nothing:
+    """A run with no top-k to follow: no mode at all (torch.compile traces it unchanged)."""
+    aligned = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def following(recorded: list | None, tol: tuple[float, float]):
+    """The tpu run's aligner to CPU's `recorded` choices; a no-op where CPU made none."""
+    return Selections(recorded, tol) if recorded else _Nothing()
