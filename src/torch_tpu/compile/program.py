@@ -320,7 +320,9 @@ class Program:
                 blen, offset, ident = math.prod(shape), 0, ("own", len(parts))
             else:
                 st = x.untyped_storage()
-                if st.nbytes() % x.element_size():
+                # (a view of a base whose size is symbolic has a symbolic storage size,
+                # though its own sizes are ints: the fakes cannot tell the buffer)
+                if type(st.nbytes()) is not int or st.nbytes() % x.element_size():
                     return None, None, None
                 blen, ident = st.nbytes() // x.element_size(), st._cdata
             j = index.setdefault(ident, len(index))
