@@ -439,6 +439,17 @@ LDL^T format.
   float32, within float32's exponent range); XLA:GPU keeps subnormals (`xla_gpu_ftz`
   defaults to false), as CUDA does. tests/ops/test_refusals.py keeps a strict expected
   failure that turns red once a jaxlib keeps them.
+- **Rounding of float32 division and ramps, on XLA.** XLA's algebraic simplifier turns
+  `a / broadcast(b)` into `a * (1 / b)`, one ulp off in about a quarter of the elements;
+  torch's kernels divide correctly rounded. The division lowering keeps a divisor smaller
+  than the result a full-size operand on XLA:CPU, which XLA divides exactly
+  (lowering/pointwise.py; bit for bit in both eager modes and compiled:
+  tests/ops/test_pointwise.py), but a divisor broadcast by an earlier op of the same graph
+  still meets the rewrite. ATen's CPU `linspace` (and CUDA's) computes `start + step * i`
+  with a fused multiply-add, which JAX cannot ask XLA for: a ramp with a fractional step
+  (`linspace(-3, 10, 101)`) differs from CPU's in one ulp at some elements. Both are
+  within every tolerance; a model whose gradient jumps where such a value lands (bilinear
+  sampling at pixel centres) shows them (docs/VALIDATION.md, GroundingDINO).
 - **Sparse layouts** (`torch.sparse_csr`, ...) have no tpu kernels: ops on them refuse with
   torch's "Could not run ... SparseCsrtpu" error.
 """
