@@ -77,8 +77,8 @@ def write(out: pathlib.Path) -> None:
         got = []
         for data, c in ((by_mode.get(m), counts), (zoo.get(m), _zoo_counts)):
             n = c(data["results"]) if data else None
-            got.append(100 * n["pass"] / n["ran"] if n and n["ran"] else 0)
-        if any(got):
+            got.append(100 * n["pass"] / n["ran"] if n and n["ran"] else float("nan"))
+        if any(v == v for v in got):
             rates[m] = got
     zoo_report.bars(out / "validation_referee.png", ["dynamo HF list", "our model zoo"],
                     rates, "% of what runs on CPU that matches on tpu",

@@ -91,7 +91,8 @@ def plot(path: pathlib.Path, by_mode: dict) -> None:
 
 def bars(path: pathlib.Path, groups: list, rates: dict, ylabel: str, title: str,
          width_in: float = 9, rotate: bool = False) -> None:
-    """A percentage per group, one bar per mode (rates: mode -> a value per group)."""
+    """A percentage per group, one bar per mode (rates: mode -> a value per group, NaN
+    where that mode did not run the group)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,7 +101,11 @@ def bars(path: pathlib.Path, groups: list, rates: dict, ylabel: str, title: str,
     fig, ax = plt.subplots(figsize=(width_in, 4))
     width = 0.8 / len(rates)
     for i, (mode, values) in enumerate(rates.items()):
-        ax.bar([j + i * width for j in range(len(groups))], values, width, label=mode)
+        bars = ax.bar([j + i * width for j in range(len(groups))],
+                      [0 if v != v else v for v in values], width, label=mode)
+        if len(groups) <= 4:  # (few bars: each one's figure, as a near-100 bar hides it)
+            ax.bar_label(bars, ["not run" if v != v else f"{v:.1f}" for v in values],
+                         fontsize=7)
     ax.set_xticks([j + width * (len(rates) - 1) / 2 for j in range(len(groups))], groups,
                   **({"rotation": 45, "ha": "right"} if rotate else {}))
     ax.set_ylabel(ylabel)
