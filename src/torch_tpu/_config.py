@@ -125,8 +125,12 @@ _DECLARED = [
             "stack, as NCCL's watchdog does (_waits.py); under tpu_dist at least the "
             "group's timeout plus a minute; 0: wait forever"),
     Setting("TORCH_TPU_DEBUG_NAN_CHECK", "bool", True, PER_OP,
-            "Debug mode: an op that turns finite inputs into NaN or Inf raises "
+            "Debug mode: an op that turns finite inputs into NaN raises "
             "`TpuNonFiniteError`"),
+    Setting("TORCH_TPU_DEBUG_INF_CHECK", "bool", False, PER_OP,
+            "Debug mode, with the NaN check on: an op that turns finite inputs into Inf "
+            "raises `TpuNonFiniteError` too (off: models make -inf on purpose, T5's "
+            "log(0) buckets and GPT-Neo's summed finfo.min masks)"),
     Setting("TORCH_TPU_DEBUG_CPU_CHECK", "bool", False, PER_OP,
             "Debug mode: every op runs again on CPU, and a result that differs beyond the "
             "dtype's tolerance raises `TpuCpuMismatchError`"),

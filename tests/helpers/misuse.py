@@ -127,7 +127,7 @@ def case(item="", ref=None, expect=None, modes=None, fragment=None, close=False,
 
 
 # ---------------------------------------------------------------- shared by the cases
-NAN_CHECK = ("torch_tpu Debug: raises TpuNonFiniteError for a NaN/Inf made from finite "
+NAN_CHECK = ("torch_tpu Debug: raises TpuNonFiniteError for a NaN made from finite "
              "inputs, by design (TORCH_TPU_DEBUG_NAN_CHECK=0 turns it off)")
 DEBUG_NAN = {"debug": (Raises("torch_tpu.TpuNonFiniteError"), NAN_CHECK)}
 

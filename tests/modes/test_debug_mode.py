@@ -22,6 +22,7 @@ HERE = os.path.basename(__file__)
 def debug(monkeypatch):
     monkeypatch.delenv("TORCH_TPU_DEBUG_CPU_CHECK", raising=False)
     monkeypatch.delenv("TORCH_TPU_DEBUG_NAN_CHECK", raising=False)
+    monkeypatch.delenv("TORCH_TPU_DEBUG_INF_CHECK", raising=False)
     with torch_tpu.eager_mode(torch_tpu.EagerMode.DEBUG):
         yield
 
@@ -50,11 +51,26 @@ def test_nan_from_log_names_op_and_line(debug):
     torch.testing.assert_close(torch.log(x.abs()).cpu(), torch.log(torch.tensor([1.0, 1.0, 2.0])))
 
 
-def test_inf_from_finite_inputs_raises_and_is_a_runtime_error(debug):
+def test_inf_from_finite_inputs_raises_when_asked_and_is_a_runtime_error(debug, monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_DEBUG_INF_CHECK", "1")
     line = _op_line()
     with pytest.raises(RuntimeError, match="aten::div") as e:
         _tpu(1.0, 2.0) / _tpu(0.0, 1.0)
     assert isinstance(e.value, TpuDebugError) and line in str(e.value)
+
+
+def test_infinities_models_make_on_purpose_pass_by_default(debug):
+    """T5's relative-position buckets take log(0) and mask it with a where; GPT-Neo adds
+    two finfo.min masks, which overflow to -inf before a softmax. A CUDA run never stops
+    there, and Debug does not either unless TORCH_TPU_DEBUG_INF_CHECK asks it to."""
+    rel = _tpu(0.0, 1.0, 4.0, 9.0)
+    buckets = torch.where(rel < 2, rel, torch.log(rel / 2) * 3)
+    assert torch.isfinite(buckets.cpu()).all()
+    big = torch.finfo(torch.float32).min
+    scores = torch.zeros(2, 3, device="tpu") + torch.full((2, 3), big, device="tpu") + big
+    assert torch.isinf(scores.cpu()).all()
+    with pytest.raises(TpuNonFiniteError, match="NaN"):  # a NaN from finite inputs still is
+        torch.sqrt(_tpu(-1.0, 4.0))
 
 
 def test_propagated_nan_is_not_blamed(debug):
@@ -71,7 +87,7 @@ def test_propagated_nan_is_not_blamed(debug):
 
 def test_nan_in_backward_names_the_backward_call(debug):
     x = _tpu(0.0, 4.0).requires_grad_()
-    y = x.sqrt().sum()
+    y = torch.where(x > 0, x.sqrt(), 0.0).sum()  # sqrt's backward at 0: 0 / 0
     line = _op_line()
     with pytest.raises(TpuNonFiniteError) as e:
         y.backward()

@@ -11,9 +11,12 @@ surfaces at the line that caused it. Then, per op:
 - integer division by zero (`//`, `%`, fmod, div with a rounding mode): CPU raises
   `RuntimeError: ZeroDivisionError`, XLA returns -1 or the dividend; Debug reads the
   divisor and raises `TpuZeroDivisionError`, a RuntimeError with CPU's message.
-- NaN/Inf: a floating result that holds NaN or Inf raises `TpuNonFiniteError`, unless an
-  input already held one (then the op only propagated it: the producer is the op to name).
-  `TORCH_TPU_DEBUG_NAN_CHECK=0` turns it off.
+- NaN: a floating result that holds NaN raises `TpuNonFiniteError`, unless an input
+  already held NaN or Inf (then the op only propagated it: the producer is the op to name).
+  `TORCH_TPU_DEBUG_NAN_CHECK=0` turns it off. An infinity raises too with
+  `TORCH_TPU_DEBUG_INF_CHECK=1` (off by default, as JAX's `jax_debug_infs`): real models
+  make -inf on purpose (T5's relative-position buckets take log(0), GPT-Neo adds two
+  finfo.min masks), and a CUDA run never stops there.
 - CPU shadow (`TORCH_TPU_DEBUG_CPU_CHECK=1`): the op runs again on CPU on the host values
   of its inputs; a result that differs beyond a per-dtype tolerance raises
   `TpuCpuMismatchError`.
@@ -152,11 +155,17 @@ def _all_finite(flat):
     return jnp.isfinite(flat).all()
 
 
-def _finite_storage(rec, dtype) -> bool:
-    """True when the whole storage is finite: then so is every view of it. A storage
-    viewed as another dtype (x.view(torch.int32)) says nothing; check the view instead."""
+@jax.jit
+def _no_nan(flat):
+    return ~jnp.isnan(flat).any()
+
+
+def _finite_storage(rec, dtype, clean=_all_finite) -> bool:
+    """True when the whole storage is finite (`clean`: or holds no NaN): then so is every
+    view of it. A storage viewed as another dtype (x.view(torch.int32)) says nothing;
+    check the view instead."""
     buf, _, bdt = rec
-    return bdt == _runtime.jax_dtype(dtype) and bool(_all_finite(buf))
+    return bdt == _runtime.jax_dtype(dtype) and bool(clean(buf))
 
 
 def _snapshot(vals):
@@ -215,14 +224,18 @@ def _nonfinite_message(t) -> str:
 _MAY_BE_INFINITE = {"aten::_ctc_loss": {1}}
 
 
-def check_finite(plan, outs, snapshot) -> None:
+def check_finite(plan, outs, snapshot, infs: bool = False) -> None:
+    """A NaN in a floating result (with `infs`, also an Inf) made from inputs with neither
+    raises TpuNonFiniteError."""
     allowed = _MAY_BE_INFINITE.get(plan.op._schema.name, ())
+    clean = _all_finite if infs else _no_nan
     for k, t in enumerate(outs):
-        if not _is_float(t.dtype) or k in allowed:
+        if not _is_float(t.dtype) or (infs and k in allowed):
             continue
         metrics.count("debug.nan_checks")
         rec = _storage.record(t.untyped_storage(), t.dtype)
-        if _finite_storage(rec, t.dtype) or bool(_all_finite(_transfer.materialize(t).reshape(-1))):
+        if _finite_storage(rec, t.dtype, clean) or \
+                bool(clean(_transfer.materialize(t).reshape(-1))):
             continue
         if not _inputs_finite(snapshot):
             return  # propagated: the op that made the first NaN/Inf was already named
@@ -386,7 +399,7 @@ class DebugExecutor(StrictExecutor):
                 e.add_note(f"torch_tpu debug: raised by {plan.name} at {user_location()}")
             raise
         if nan_check:
-            check_finite(plan, outs, snapshot)
+            check_finite(plan, outs, snapshot, _config.get("TORCH_TPU_DEBUG_INF_CHECK"))
         if cargs is not None:
             check_cpu(plan, vals, result, cargs)
         return result
