@@ -36,6 +36,7 @@ import torch
 
 from .. import workloads
 from . import shrink, tolerances, variants
+from .models import _first_line, _since
 from .ops import _Timeout, classify, time_limit
 
 SEQ = 64
@@ -111,7 +112,7 @@ def _class_and_config(name: str):
     return cls, config
 
 
-def inputs(name: str, config, cls) -> dict:
+def inputs(name: str, config) -> dict:
     """generate_inputs_for_model at batch 1 and SEQ tokens (the suite's rules)."""
     g = torch.Generator().manual_seed(1337)
     vocab = config.vocab_size
@@ -212,7 +213,7 @@ def check(name: str, mode: str, timeout: float | None = 600, on_tpu=None) -> dic
                 torch.manual_seed(1337)
                 model = cls(config).train()
                 res["params"] = sum(p.numel() for p in model.parameters())
-                kw = inputs(name, config, cls)
+                kw = inputs(name, config)
                 twin = copy.deepcopy(model)
                 first = run_steps(name, copy.deepcopy(model), kw, "cpu")
                 again = run_steps(name, copy.deepcopy(model), kw, "cpu")
@@ -220,7 +221,7 @@ def check(name: str, mode: str, timeout: float | None = 600, on_tpu=None) -> dic
                 raise
             except Exception as e:  # noqa: BLE001
                 return {**res, "status": "eager_fail_to_run", "error": type(e).__name__,
-                        "detail": _line(e), "seconds": _since(t0)}
+                        "detail": _first_line(e), "seconds": _since(t0)}
             differ = next((k for k in first if not torch.equal(first[k], again[k])), None)
             if differ is not None:
                 return {**res, "status": "eager_two_runs_differ", "detail": differ,
@@ -255,11 +256,3 @@ def check(name: str, mode: str, timeout: float | None = 600, on_tpu=None) -> dic
         return {**res, "status": "timeout", "detail": str(e), "seconds": _since(t0)}
     finally:
         gc.collect()
-
-
-def _line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:300]
-
-
-def _since(t0) -> float:
-    return round(time.perf_counter() - t0, 1)
