@@ -65,14 +65,14 @@ def test_padded_batch_with_eos_equals_cpu(mode):
 
 @pytest.mark.parametrize("mode", ("strict", "defer_and_fuse", "static"))
 def test_decode_step_captured_and_replayed(mode):
-    """Greedy, a left-padded batch with an EOS one row reaches early, no scores: each call
-    captures its decode step and replays it, several tokens a launch (each replayed step
-    counted), the sequences equal CPU's, and the second call (same bucket, the step
-    captured again) compiles nothing. With the static cache, transformers' compiled
+    """Greedy, a left-padded batch with an EOS one row reaches early, no scores: the first
+    call captures its decode step and replays it, several tokens a launch (each replayed
+    step counted), the second (same bucket) replays the same step without recording it and
+    compiles nothing, and the sequences equal CPU's. With the static cache, transformers' compiled
     forward is one node of the captured step from its first call: its graph compiles
     only inside the step's program, never on its own."""
     (first, second), summary = _run(mode, "16,20", "--batch-eos", "--plain")
-    assert summary["captured"] == 2 and summary["uncaptured"] == {}, summary
+    assert (summary["captured"], summary["reused"], summary["uncaptured"]) == (1, 1, {}), summary
     if mode == "static":
         assert summary["compiled_programs"] == 0, summary
     # 16 and 20 new tokens: the first comes from the prefill, one replayed step each
@@ -87,7 +87,7 @@ def test_captured_decode_stops_at_eos_inside_a_launch(mode):
     (TPUGraph.replay_steps): the sequences end there, equal to CPU's, and the next call,
     in the same bucket and stopping alike, compiles nothing."""
     (first, second), summary = _run(mode, "24,20", "--all-eos", "--plain")
-    assert summary["captured"] == 2 and summary["uncaptured"] == {}, summary
+    assert (summary["captured"], summary["reused"], summary["uncaptured"]) == (1, 1, {}), summary
     assert first["shape"][1] <= 8 + 7 and second["shape"] == first["shape"], (first, second)
     assert second["programs"] == 0, second
 
@@ -100,7 +100,7 @@ def test_captured_decode_bars_eos_below_a_minimum_length(mode, floor):
     captured step bars it with the length as data, so the calls go on past the 7th token
     and stop where CPU's do, captured."""
     (first, second), summary = _run(mode, "24,20", "--all-eos", "--plain", *floor)
-    assert summary["captured"] == 2 and summary["uncaptured"] == {}, summary
+    assert (summary["captured"], summary["reused"], summary["uncaptured"]) == (1, 1, {}), summary
     assert first["shape"][1] > 8 + 7, first  # EOS barred at the 7th token
     assert second["programs"] == 0, second
 
@@ -109,7 +109,7 @@ def test_sampled_captured_decode_draws_as_transformers_loop():
     """do_sample with top-k/top-p/temperature, captured: every replay draws what
     transformers' own op-by-op loop draws on tpu from the same seed."""
     (first, second), summary = _run("strict", "20,24", "--sample", "--plain")
-    assert summary["captured"] == 2 and summary["uncaptured"] == {}, summary
+    assert (summary["captured"], summary["reused"], summary["uncaptured"]) == (1, 1, {}), summary
     assert second["programs"] == 0, second
 
 
@@ -117,3 +117,32 @@ def test_scores_and_streamers_decode_op_by_op_and_say_why():
     (first, _), summary = _run("strict", "16,20", "--batch-eos")
     assert summary["captured"] == 0, summary
     assert summary["uncaptured"] == {"scores or logits returned per step": 2}, summary
+
+
+REUSE_SCRIPT = SCRIPT.parent / "generate_reuse.py"
+# each call of generate_reuse.py -> whether it replays the step an earlier call captured
+REUSED = {"first": False, "again": True, "parameter updated in place": True,
+          "again after the update": True, "suppress_tokens": False,
+          "suppress_tokens again": True, "suppress_tokens changed": False,
+          "sampling, top_k 1, temperature 0.7": False, "temperature 1.3": False,
+          "plain": False, "adapter b": False, "adapter b again": True,
+          "adapters disabled": False, "adapter b after": False, "parameter replaced": False,
+          "another model": False, "another model again": True, "first model again": True}
+
+
+@pytest.mark.parametrize("mode", ("strict", "defer_and_fuse"))
+def test_captured_step_reused_until_the_model_processors_or_adapter_change(mode):
+    """A later call replays the decode step an earlier one captured, without recording it,
+    while nothing it was recorded from changed (a parameter updated in place is read by
+    the replay); a change of processors, of a processor's number, of the PEFT adapter (set,
+    disabled), a replaced parameter or another model records it again. Every call's tokens
+    equal CPU's."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, str(REUSE_SCRIPT), mode], capture_output=True,
+                          text=True, timeout=500, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    calls = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [c["call"] for c in calls] == list(REUSED), calls
+    assert all(c["equal"] for c in calls), calls
+    got = {c["call"]: (c["reused"], c["captured"]) for c in calls}
+    assert got == {k: (int(r), int(not r)) for k, r in REUSED.items()}, got

@@ -140,6 +140,7 @@ from torch_tpu._integrations import generation  # noqa: E402
 
 print(json.dumps({"bucketed": metrics.counters.get("generate_bucketed", 0),
                   "captured": metrics.counters.get("generate_captured", 0),
+                  "reused": metrics.counters.get("generate_capture_reused", 0),
                   "replays": metrics.counters.get("graphs.replays", 0),
                   "compiled_programs": torch.tpu.compile_cache_stats(
                       programs=False, disk=False)["kinds"]["compiled"]["xla_compiles"],

@@ -30,12 +30,13 @@ step, from the forward to the token written into the buffers and the stop flag, 
 program, in Strict and DeferAndFuse (not in Debug, whose point is op by op). Its inputs are
 device buffers the step updates itself: the last token, its position ids, the column
 written (data, so every replay writes the next one), the unfinished rows, the first length
-at which every row had finished. So one launch runs _STEPS tokens (TPUGraph.replay_steps,
-a device loop over the step), and the host reads that length once a launch. The region
-is recorded again at each call, so it always is what the Python code does now (adapters
-switched, a new model); the program of an equal region is reused (capture's program
-cache). The step captured holds only what a replay repeats exactly: the logits warpers
-that read the scores alone (`_WARPERS`), the minimum lengths (`_LENGTH_FLOORS`: EOS barred
+at which every row had finished. So one launch runs STEPS tokens (TPUGraph.replay_steps,
+a device loop over the step), and the host reads that length once a launch. The step
+stays pooled with the capacity cache, and a later call replays it without recording it
+again while a fingerprint of what it was recorded from (the modules, their parameters'
+storages, adapters, processors, the cache) is unchanged; anything else records it again
+(generation_step.py). The step captured holds only what a replay repeats exactly: the
+logits warpers that read the scores alone (`_WARPERS`), the minimum lengths (`LENGTH_FLOORS`: EOS barred
 with the length as data), and the EOS stopping criterion (max length and max time are
 checked on the host between launches). Other processors or criteria, scores or logits
 returned, a streamer, or a region capture refuses (CaptureError) decode op by op, counted
@@ -52,7 +53,8 @@ few fused programs per prompt length, not one per op.
 The user's choice of cache keeps its meaning: the default dynamic cache runs in the eager
 mode (Strict, DeferAndFuse), and `cache_implementation="static"` keeps transformers'
 auto-compile of the forward (default backend: tpu). The sequences returned are a view of the
-capacity buffer (non-contiguous when the batch is above 1), like a slice on CUDA.
+capacity buffer (non-contiguous when the batch is above 1), like a slice on CUDA (of a copy
+of it where the buffer is a pooled step's input).
 
 Everything else goes to transformers' loop unchanged, counted in `metrics.counters`
 (`generate_unbucketed`) with its reason in `unbucketed_reasons()`: encoder-decoder models, a
@@ -72,13 +74,13 @@ import time
 import torch
 
 from .. import _C, _buckets, _config, _on_import, _patches, metrics
-from ..eager import capture
 from .._patches import Patch
+from . import generation_step
+from .generation_step import CACHE_POOL, LENGTH_FLOORS, STOP_LAG, first_stop
 
 WRITTEN_AGAINST = "5.24.0"
 _MODULE = "transformers.generation.utils"
 _GROWN = ("attention_mask", "position_ids")  # the kwargs `_update_model_kwargs_for_generation` grows
-_POOL = "_tpu_generate_caches"  # model attribute: {(batch, capacity, dtype, device): StaticCache}
 _POOL_MAX = 4
 _reasons: collections.Counter = collections.Counter()
 _uncaptured: collections.Counter = collections.Counter()
@@ -87,26 +89,8 @@ _uncaptured: collections.Counter = collections.Counter()
 _WARPERS = frozenset({"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper",
                       "MinPLogitsWarper", "TypicalLogitsWarper", "EpsilonLogitsWarper",
                       "EtaLogitsWarper", "SuppressTokensLogitsProcessor"})
-# processors that bar EOS below a length they read from input_ids' shape -> that length; in
-# the step the length is data (its next column), so the step bars EOS with it
-_LENGTH_FLOORS = {
-    "MinLengthLogitsProcessor": lambda p: p.min_length,
-    "MinNewTokensLengthLogitsProcessor": lambda p: p.prompt_length_to_skip + p.min_new_tokens}
 # max length and time are checked on the host between launches, EOS inside the step
 _CRITERIA = frozenset({"MaxLengthCriteria", "MaxTimeCriteria", "EosTokenCriteria"})
-# The stop flag of step t is read after step t + _STOP_LAG - 1 is queued. 1, as
-# transformers' DeferredStopCheck: the host reads a flag that the step it has just queued
-# follows. 2 would let the host record a step while the device runs the one before, but on
-# XLA:CPU host and device share two cores, and DeferAndFuse decoded 184-194 tokens/s with
-# 2 against 261-271 with 1. The flag is read even when only max_length can stop (it is then
-# always false): it bounds how far the host runs ahead.
-_STOP_LAG = 1
-# Decode tokens a replay launches (TPUGraph.replay_steps: a device loop over the captured
-# step). One launch a token cost ~0.2 ms of host work and XLA:CPU launch on the tiny Llama,
-# several times the step's own compute. With EOS, up to 2 x _STEPS - 1 steps may run past
-# the stop (their tokens are padding, dropped, and the cache is cropped), as one step did.
-_STEPS = 8
-_NEVER = 2 ** 62
 _GENERATE_SIGNATURE = (
     "(self: 'GenerativePreTrainedModel', inputs: torch.Tensor | None = None, generation_config: "
     "transformers.generation.configuration_utils.GenerationConfig | None = None, logits_processor: "
@@ -172,19 +156,19 @@ def _unsupported(model, input_ids, generation_config, synced_gpus, stopping_crit
 
 def _capacity(model, batch: int, max_length: int) -> int:
     """The smallest capacity this model already holds a cache of that fits, else the bucket."""
-    held = [cap for (b, cap, dtype, device) in getattr(model, _POOL, {})
+    held = [cap for (b, cap, dtype, device) in getattr(model, CACHE_POOL, {})
             if (b, dtype, device) == (batch, model.dtype, model.device) and cap >= max_length]
     return min(held) if held else _buckets.bucket(max_length)
 
 
-def _static_cache(model, batch: int, capacity: int):
+def _static_cache(model, key):
     """The model's pooled StaticCache for (batch, capacity), emptied. Pooled, not rebuilt,
     so its buffers (and a compiled forward's guards on them) stay the same across calls, as
     transformers keeps its own static cache."""
     from transformers.cache_utils import StaticCache
 
-    pool = model.__dict__.setdefault(_POOL, {})
-    key = (batch, capacity, model.dtype, model.device)
+    pool = model.__dict__.setdefault(CACHE_POOL, {})
+    batch, capacity = key[:2]
     cache = pool.get(key)
     # DeferAndFuse: the allocation below happens in the first call only. Flushing on both
     # sides of it keeps it out of the graphs every call shares, so the first call's graphs
@@ -192,6 +176,7 @@ def _static_cache(model, batch: int, capacity: int):
     torch.tpu.synchronize()
     if cache is None:
         while len(pool) >= _POOL_MAX:  # the oldest goes: each holds keys at full capacity
+            generation_step.forget(model, next(iter(pool)))
             pool.pop(next(iter(pool)))
         config = model.config.get_text_config(decoder=True)
         cache = pool[key] = StaticCache(config=config, max_cache_len=capacity)
@@ -204,8 +189,10 @@ def _static_cache(model, batch: int, capacity: int):
     return cache
 
 
-def _capacity_buffer(t: torch.Tensor, capacity: int, fill) -> torch.Tensor:
-    buf = t.new_full((*t.shape[:-1], capacity), fill)
+def _capacity_buffer(t: torch.Tensor, capacity: int, fill, into=None) -> torch.Tensor:
+    """`t` written at the start of a capacity buffer of `fill`: `into` (a reused step's
+    buffer, of the same layout) or a new one."""
+    buf = t.new_full((*t.shape[:-1], capacity), fill) if into is None else into.fill_(fill)
     buf[..., :t.shape[-1]] = t
     return buf
 
@@ -238,14 +225,26 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
     # never auto-compiles), then swap in the capacity cache.
     compiled = model._valid_auto_compile_criteria(model_kwargs, generation_config)
     forward = model.get_compiled_call(generation_config.compile_config) if compiled else model.__call__
-    cache = _static_cache(model, batch, capacity)
+    pooled = (batch, capacity, model.dtype, model.device)  # the cache's key, and its step's
+    cache = _static_cache(model, pooled)
     kwargs = dict(model_kwargs, cache=cache)
 
     pad = generation_config._pad_token_tensor
     pad = pad.to(input_ids.device) if pad is not None else None
-    ids = _capacity_buffer(input_ids, capacity, 0 if pad is None else pad.item())
-    grown = {k: _capacity_buffer(kwargs.pop(k), capacity, 0) for k in _GROWN
-             if kwargs.get(k) is not None}
+    pad_value = None if pad is None else pad.item()
+    given = {k: kwargs.pop(k) for k in _GROWN if kwargs.get(k) is not None}
+    step = None
+    if why is None:  # the step a call of the same bucket captured, if it would be this one's
+        layout = (input_ids.dtype, tuple((k, t.dtype, t.shape[:-1]) for k, t in given.items()))
+        fingerprint = generation_step.fingerprint(
+            model, forward, kwargs, logits_processor, stopping_criteria, pad_value,
+            generation_config.do_sample, layout)
+        step = generation_step.for_call(model, pooled, fingerprint, input_ids, given, capacity,
+                                        stopping_criteria)
+    # (the step's buffers are its inputs: the prefill writes into them)
+    into = {} if step is None else {"ids": step.ids, "attention_mask": step.mask}
+    ids = _capacity_buffer(input_ids, capacity, pad_value or 0, into.get("ids"))
+    grown = {k: _capacity_buffer(t, capacity, 0, into.get(k)) for k, t in given.items()}
     want = generation_config.return_dict_in_generate
     scores = () if want and generation_config.output_scores else None
     raw_logits = () if want and generation_config.output_logits else None
@@ -285,23 +284,23 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
             if length >= max_length:
                 break
             if why is None:
-                step, why = _CapturedStep.make(model, forward, kwargs, grown, ids, length,
-                                               unfinished, generation_config.do_sample,
-                                               logits_processor, stopping_criteria, pad)
-                if step is not None:
+                why = step.start(pooled, model, forward, kwargs, length, grown.get("position_ids"),
+                                 unfinished, generation_config.do_sample, logits_processor,
+                                 stopping_criteria, pad)
+                if why is None:
                     length, cached, stop = step.run(length, max_length, unread)
                     break
             inputs = model.prepare_inputs_for_generation(
                 ids[:, :length], next_sequence_length=1, **_model_kwargs(kwargs, grown, length))
             outputs = forward(**inputs, return_dict=True)
             cached = length
-            if len(unread) == _STOP_LAG and (stop := _first_stop(unread, 1)) is not None:
+            if len(unread) == STOP_LAG and (stop := first_stop(unread, 1)) is not None:
                 break
     if why is not None:
         metrics.count("generate_uncaptured")
         _uncaptured[why] += 1
     if stop is None:  # the loop reached max_length: the flags not read yet
-        stop = _first_stop(unread, len(unread))
+        stop = first_stop(unread, len(unread))
     final = length if stop is None else stop
     if cached > final - 1:  # keys of the steps past the stop: the cache ends at the last token
         cache.crop(-(cached - (final - 1)))
@@ -311,7 +310,9 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
         raw_logits = raw_logits[:final - prompt]
     if streamer is not None:
         streamer.end()
-    sequences = ids[:, :final]
+    # a pooled step's buffer is the next call's input: the sequences are a view of a copy
+    # (of the whole buffer: one program per capacity, not one per length)
+    sequences = (ids if step is None or why is not None else ids.clone())[:, :final]
     if not want:
         return sequences
     return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=raw_logits,
@@ -350,117 +351,12 @@ def _uncapturable(model, generation_config, model_kwargs, processors, criteria, 
     for failed, why in checks:
         if failed:
             return why
-    processor_ok = _WARPERS | _LENGTH_FLOORS.keys()
+    processor_ok = _WARPERS | LENGTH_FLOORS.keys()
     for kind, objs, allowed, module in (("logits processor", processors, processor_ok, "logits_process"),
                                         ("stopping criterion", criteria, _CRITERIA, "stopping_criteria")):
         for obj in objs:  # transformers' own classes, not subclasses or look-alikes
             if type(obj).__name__ not in allowed or not type(obj).__module__.endswith(module):
                 return f"the {kind} {type(obj).__name__}"
-    return None
-
-
-class _CapturedStep:
-    """One decode step (forward, warpers, the token chosen and written, the stop flag) as
-    a captured program over device buffers it updates itself (see the module doc)."""
-
-    def __init__(self, model, forward, kwargs, grown, ids, length, unfinished, sample,
-                 processors, criteria, pad):
-        dev = ids.device
-        self.model, self.forward, self.kwargs, self.ids = model, forward, kwargs, ids
-        self.sample, self.processors, self.pad = sample, processors, pad
-        self.eos = [c for c in criteria if type(c).__name__ == "EosTokenCriteria"]
-        self.timers = [c for c in criteria if type(c).__name__ == "MaxTimeCriteria"]
-        self.cur = ids[:, length - 1:length].clone()          # the last token
-        self.col = torch.full((1,), length, dtype=torch.long, device=dev)  # the next column
-        self.mask = grown.get("attention_mask")               # capacity buffers, written at col
-        pos = grown.get("position_ids")
-        self.pos = None if pos is None else pos[..., length - 1:length].clone()
-        self.unfinished = unfinished.clone()
-        # the first length after which every row had finished (_NEVER: none yet)
-        self.stop_at = torch.full((1,), _NEVER, dtype=torch.long, device=dev) if self.eos else None
-        # keep_graph: the one-step program is never compiled, replay_steps' loop is
-        self.graph = capture.TPUGraph(keep_graph=True)
-
-    @classmethod
-    def make(cls, *args):
-        """-> (the step, captured, None) or (None, why capture refused it)."""
-        step = cls(*args)
-        try:
-            with capture.capturing(step.graph):  # (no device sync: the prefill runs meanwhile)
-                step._step()
-        except capture.CaptureError as e:
-            return None, str(e).splitlines()[0]
-        metrics.count("generate_captured")
-        return step, None
-
-    def _step(self):
-        kwargs = dict(self.kwargs)
-        if self.mask is not None:
-            kwargs["attention_mask"] = self.mask
-        if self.pos is not None:
-            kwargs["position_ids"] = self.pos
-        inputs = self.model.prepare_inputs_for_generation(self.cur, next_sequence_length=1, **kwargs)
-        logits = self.forward(**inputs, return_dict=True).logits[:, -1].to(copy=True, dtype=torch.float32)
-        scores = logits
-        for proc in self.processors:
-            floor = _LENGTH_FLOORS.get(type(proc).__name__)
-            if floor is None:
-                scores = proc(self.ids, scores)
-            else:
-                eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device),
-                                 proc.eos_token_id.to(scores.device))
-                scores = torch.where(eos & (self.col < floor(proc)), -math.inf, scores)
-        if self.sample:
-            tokens = torch.multinomial(torch.nn.functional.softmax(scores, dim=-1), 1).squeeze(1)
-        else:
-            tokens = torch.argmax(scores, dim=-1)
-        if self.eos:
-            tokens = tokens * self.unfinished + self.pad * (1 - self.unfinished)
-        self.ids.index_copy_(1, self.col, tokens[:, None])
-        if self.mask is not None:
-            self.mask.index_fill_(1, self.col, 1)
-        if self.pos is not None:
-            self.pos.add_(1)
-        self.cur.copy_(tokens[:, None])
-        self.col.add_(1)
-        for crit in self.eos:
-            self.unfinished.mul_(~crit(tokens[:, None], None))
-        if self.eos:
-            done = self.unfinished.max() == 0
-            self.stop_at.copy_(torch.where(done, torch.minimum(self.stop_at, self.col),
-                                           self.stop_at))
-
-    def run(self, length: int, max_length: int, unread):
-        """Replay up to max_length, _STEPS tokens a launch -> (length, cached, stop), as the
-        op-by-op loop ends; each launch's stopping length is read after the next launch is
-        queued."""
-        stop = cached = None
-        while length < max_length:
-            n = min(_STEPS, max_length - length)
-            self.graph.replay_steps(n)
-            cached, length = length + n - 1, length + n
-            if self.stop_at is not None:
-                unread.append((self.stop_at.clone(), None))
-                if len(unread) > _STOP_LAG and (stop := _first_stop(unread, 1)) is not None:
-                    break
-            if any(time.time() - c.initial_timestamp > c.max_time for c in self.timers):
-                # (as MaxTimeCriteria stops every row at this length, unless EOS did first)
-                stop = _first_stop(unread, len(unread)) or length
-                break
-        return length, cached, stop
-
-
-def _first_stop(unread, n: int):
-    """The length at the first of the `n` oldest unread entries after which every row had
-    finished (None: none had). An entry is a step's flag and its length, or a launch's
-    first stopping length (`at` None). Reading one waits for its step or launch only."""
-    for _ in range(n):
-        done, at = unread.popleft()
-        if at is None:
-            if (first := int(done)) != _NEVER:
-                return first
-        elif bool(done):
-            return at
     return None
 
 

@@ -178,7 +178,7 @@ def _rates(r: dict) -> tuple:
 
 
 def _report(tpu: dict, cpu: dict, seconds: float, out=None) -> tuple:
-    from torch_tpu._integrations import generation
+    from torch_tpu._integrations import generation_step
 
     warm = tpu.pop("_warm")
     both = {**tpu, **cpu}
@@ -188,7 +188,7 @@ def _report(tpu: dict, cpu: dict, seconds: float, out=None) -> tuple:
     for name, r in both.items():
         how = TPU.get(name)
         step = ("one program" if name == "jax.jit" else "op by op" if name == CPU or not how[1]
-                else f"captured, {generation._STEPS} tokens a launch")
+                else f"captured, {generation_step.STEPS} tokens a launch")
         rows.append([name, f"{rates[name][0]:,.0f}", f"{rates[name][0] / ref:.2f}x",
                      f"{rates[name][0] / jit:.2f}x", f"{1e3 / rates[name][0]:.2f}",
                      f"{rates[name][1]:,.0f}", f"{r['first'][str(LONG)]:.2f}", step,
