@@ -231,7 +231,10 @@ def _bucketed_sample(model, input_ids, logits_processor, stopping_criteria, gene
 
     pad = generation_config._pad_token_tensor
     pad = pad.to(input_ids.device) if pad is not None else None
-    pad_value = None if pad is None else pad.item()
+    # (the tensor is made from the config's int; read only where it came from elsewhere:
+    # transformers pads with the first EOS token when no pad token is set)
+    given_pad = generation_config.pad_token_id
+    pad_value = (None if pad is None else given_pad if type(given_pad) is int else pad.item())
     given = {k: kwargs.pop(k) for k in _GROWN if kwargs.get(k) is not None}
     step = None
     if why is None:  # the step a call of the same bucket captured, if it would be this one's
