@@ -54,12 +54,12 @@ _integrations.install()  # HF accelerate learns the device when it is imported
 
 set_cpu_fallback = _dispatch.set_cpu_fallback
 
-from . import _precision, _program_cache, profiler  # noqa: E402
+from . import _precision, _program_cache, _program_stats, profiler  # noqa: E402
 from ._program_cache import CacheMissError, set_cache_only  # noqa: E402
 from ._recompiles import RecompileWarning  # noqa: E402
 
 torch_tpu_module.precision = _precision.precision  # torch.tpu.precision("high"): one block
-torch_tpu_module.compile_cache_stats = _program_cache.stats
+torch_tpu_module.compile_cache_stats = _program_stats.stats
 
 from ._internal import pallas as _pallas  # noqa: E402,F401  (the reference's _internal.pallas.jax_op)
 from ._kernels import jax_op  # noqa: E402  (custom kernels: a JAX or Pallas function as a torch op)

@@ -34,17 +34,16 @@ it compiles here, and this module applies, once for all three:
               save_cache_artifacts (_cache.XlaArtifact, once per key): a process that
               loads them compiles nothing it was shipped (docs/SHIPPING_PROGRAMS.md)
 
-`stats()` (torch.tpu.compile_cache_stats()) reports it all; `python -m torch_tpu report`
-prints the last runs' stats, saved into the cache folder when each process ends.
+`_program_stats.stats()` (torch.tpu.compile_cache_stats()) reports it all; `python -m
+torch_tpu report` prints the last runs' stats, saved into the cache folder when each
+process ends.
 """
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import hashlib
 import itertools
-import json
 import os
 import threading
 import time
@@ -123,6 +122,7 @@ _held = {k: [0, 0] for k in KINDS}   # kind -> [programs, bytes]
 _limits = {"programs": _config.get("TORCH_TPU_PROGRAM_CACHE_MAX_PROGRAMS"),
            "bytes": _config.get("TORCH_TPU_PROGRAM_CACHE_MAX_MB") * _MB}
 _CACHE_ONLY = [False]
+ADMITTED = [False]    # whether this process has held a program (_program_stats saves its run)
 PROFILING = [False]   # profiler.py: a device trace is being recorded
 _seq = itertools.count()
 _COUNT = metrics.counters
@@ -308,7 +308,7 @@ def _admit(rec, ident):
         _LRU[ident] = rec
         _held[rec.kind][0] += 1
         _evict(ident)
-    _at_exit()
+    ADMITTED[0] = True
 
 
 def add_alias(entry, table, key) -> bool:
@@ -323,6 +323,17 @@ def add_alias(entry, table, key) -> bool:
             rec.aliases = []
         rec.aliases.append((table, key))
         return True
+
+
+def held() -> dict:
+    """kind -> (programs held, their bytes)."""
+    return {k: tuple(h) for k, h in _held.items()}
+
+
+def summaries() -> list:
+    """Every held program that was compiled (or is a graph or compiled graph), summarized."""
+    with _lock:
+        return [r.summary() for r in _LRU.values() if r.compiled or r.kind != OP]
 
 
 def is_held(rec) -> bool:
@@ -518,91 +529,3 @@ def _dump(folder, rec, fn, specs, path=None):
     except OSError as e:
         warnings.warn(f"torch_tpu: cannot write the program dump {path}: {e}")
     return path
-
-
-# ---------------------------------------------------------------- statistics
-def _requests(c):
-    ops = sum(v for k, v in c.items() if k.startswith("dispatches."))
-    return {OP: (ops, c.get("cache_misses", 0)),
-            GRAPH: (c.get("fused_cache_hits", 0) + c.get("fused_graphs_compiled", 0),
-                    c.get("fused_graphs_compiled", 0)),
-            COMPILED: (c.get("compile.calls", 0), c.get("compile.executables", 0))}
-
-
-def stats(programs: bool = True, disk: bool = True) -> dict:
-    """torch.tpu.compile_cache_stats(): per kind of program (op: Strict's per-op
-    executables and DeferAndFuse's recorded op entries; graph: fused graphs; compiled:
-    torch.compile executables) the lookups, hits in memory, misses, hits in the persistent
-    disk cache, XLA compiles, evictions, and the programs and bytes held now; with
-    `programs`, every held program (name, where, reason, compile seconds, bytes); with
-    `disk`, the persistent cache folder's size."""
-    c = dict(metrics.counters)
-    out = {"kinds": {}, "limits": limits(), "cache_only": _CACHE_ONLY[0],
-           "disk": disk_usage() if disk else None,
-           "recompile_storms": c.get("programs.recompile_storms", 0)}
-    for kind, (requests, misses) in _requests(c).items():
-        out["kinds"][kind] = {
-            "requests": requests, "memory_hits": max(requests - misses, 0), "misses": misses,
-            "disk_hits": c.get(f"programs.{kind}.disk_hits", 0),
-            "xla_compiles": c.get(f"programs.{kind}.xla_compiles", 0),
-            "evictions": c.get(f"programs.{kind}.evictions", 0),
-            "held": _held[kind][0], "bytes": _held[kind][1]}
-    out["held"] = sum(h[0] for h in _held.values())
-    out["bytes"] = sum(h[1] for h in _held.values())
-    out["compile_seconds"] = metrics.compile_seconds[0]
-    # torch.compiler.save/load_cache_artifacts (_cache.XlaArtifact): executables recorded
-    # for saving, loaded from artifacts, and obtained from loaded ones instead of compiled
-    out["artifacts"] = {"recorded": c.get("xla.artifacts_recorded", 0),
-                        "loaded": c.get("xla.artifacts_loaded", 0),
-                        "hits": c.get("xla.artifact_hits", 0)}
-    out["recompile_reasons"] = list(metrics.recompile_reasons[-20:])
-    out["storms"] = list(_recompiles.STORMS)
-    if programs:
-        with _lock:
-            out["programs"] = [r.summary() for r in _LRU.values() if r.compiled or r.kind != OP]
-    return out
-
-
-def disk_usage() -> dict | None:
-    """The persistent cache folder: its path, entries and bytes (None when it is off)."""
-    folder = _cache.cache_dir()
-    if folder is None:
-        return None
-    n = size = 0
-    for f in folder.glob("*.xla"):
-        try:
-            size += f.stat().st_size
-            n += 1
-        except OSError:
-            pass
-    return {"dir": str(folder), "entries": n, "bytes": size}
-
-
-RUNS_KEPT = 20
-_exit_hook = [False]
-
-
-def _at_exit() -> None:
-    if not _exit_hook[0]:
-        _exit_hook[0] = True
-        atexit.register(save_run)
-
-
-def save_run(folder=None) -> None:
-    """Write this process's stats into the cache folder's `runs/` (the newest RUNS_KEPT
-    are kept), for `python -m torch_tpu report`."""
-    base = folder if folder is not None else _cache.cache_dir()
-    if base is None:
-        return
-    runs = base / "runs"
-    try:
-        runs.mkdir(parents=True, exist_ok=True)
-        data = stats(disk=False)  # (the report reads the folder itself)
-        data["programs"] = sorted(data["programs"], key=lambda p: -p["compile_seconds"])[:200]
-        data.update(pid=os.getpid(), time=time.time(), argv=list(__import__("sys").argv))
-        path = runs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
-        path.write_text(json.dumps(data, default=str))
-        for old in sorted(runs.glob("*.json"))[:-RUNS_KEPT]:
-            old.unlink(missing_ok=True)
-    except OSError:
-        pass  # a report is never worth an error at exit

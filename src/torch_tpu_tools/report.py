@@ -1,7 +1,7 @@
 """`python -m torch_tpu report`: what the program caches did, for the current cache folder.
 
 Each process that compiled or looked up programs saves its `compile_cache_stats()` into
-the persistent cache folder's `runs/` when it ends (_program_cache.save_run; the newest
+the persistent cache folder's `runs/` when it ends (_program_stats.save_run; the newest
 20 are kept). This command prints, for that folder (TORCH_TPU_CACHE_DIR, or --cache-dir):
   - the disk cache: entries and bytes, the largest programs by name;
   - each of the last runs (--runs, default 1): per kind of program the lookups, hits in
@@ -30,9 +30,9 @@ def _mb(n) -> str:
 def text(stats: dict | None = None, top: int = 10) -> str:
     """A run's stats (default: this process's, now) as the report prints them."""
     if stats is None:
-        from torch_tpu import _program_cache
+        from torch_tpu import _program_stats
 
-        stats = _program_cache.stats()
+        stats = _program_stats.stats()
     lines = []
     width = max(len(c) for c in _COLUMNS)
     header = f"  {'':26s}" + "".join(f"{c:>{width + 1}s}" for c in _COLUMNS)
