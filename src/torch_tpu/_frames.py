@@ -2,12 +2,15 @@
 about an op names (Debug's checks, DeferAndFuse's flush errors).
 
 One rule says which code is internal: a code object whose file lies in torch's or
-torch_tpu's package directory, or importlib's frozen bootstrap. It lives in C
+torch_tpu's package directory, is the standard library's contextlib (the `__exit__` of a
+`with` over one of our generator-based context managers, such as capture's, is nobody's
+line: the `with` is), or importlib's frozen bootstrap. It lives in C
 (csrc/frames.cpp, `is_internal_code`), cached per code object, because DeferAndFuse asks
 it for every recorded op (`user_line`); Debug's walk here asks the same function.
 """
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import sys
@@ -18,7 +21,8 @@ import torch
 from . import _C
 
 DIRECTORIES = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-               os.path.dirname(os.path.abspath(__file__)) + os.sep)
+               os.path.dirname(os.path.abspath(__file__)) + os.sep,
+               os.path.abspath(contextlib.__file__))
 _C.frames_setup(DIRECTORIES)
 
 is_internal = _C.is_internal_code  # (code object) -> bool

@@ -1,9 +1,10 @@
 """Every XLA program torch_tpu keeps, in one bounded LRU, and the rules of every lookup.
 
-Three caches hold programs, each keyed its own way: Strict's per-op entries (an OpPlan's
+Four caches hold programs, each keyed its own way: Strict's per-op entries (an OpPlan's
 `cache`, a plain dict because csrc/kernel.cpp reads it), DeferAndFuse's fused graphs
-(eager/fuse.py) and compiled graphs' executables (compile/program.py). Each admits what
-it compiles here, and this module applies, once for all three:
+(eager/fuse.py), captured regions (eager/capture.py) and compiled graphs' executables
+(compile/program.py). Each admits what it compiles here, and this module applies, once
+for all four:
 
   bound       one LRU over them all, by count (TORCH_TPU_PROGRAM_CACHE_MAX_PROGRAMS) and
               bytes (TORCH_TPU_PROGRAM_CACHE_MAX_MB): past either, the least recently used
@@ -278,6 +279,45 @@ def admit_graph(cache, key, nodes, body, donate, reason) -> Program:
     return rec
 
 
+def admit_captured(cache, key, make, name, where):
+    """A captured region's program (eager/capture.py), compiled now: `make()` -> (its call,
+    jax's Compiled, the op entries its graph names by id, pinned while it is held), stored
+    as `cache[key]` under the one bound. The graph that captured it holds it too, so an
+    eviction only keeps a later equal capture from sharing it."""
+    if _CACHE_ONLY[0]:
+        raise CacheMissError(f"torch_tpu cache-only mode: the region captured at {where} "
+                             f"({name}) has no compiled program")
+    rec = Program(GRAPH, name, where, cache, key, "first capture of this region")
+    _bound_maps(rec)
+    t0 = time.perf_counter()
+    with _cache.watch() as mine:
+        value = make()
+    rec.seconds = time.perf_counter() - t0
+    metrics.compile_seconds[0] += rec.seconds
+    rec.compiled = True
+    if mine:
+        rec.disk = all(hit for hit, _ in mine)
+        _COUNT[f"programs.{GRAPH}.{'disk_hits' if rec.disk else 'xla_compiles'}"] += 1
+    rec.nbytes = CPU_PROGRAM_BYTES if _runtime.platform() == "cpu" else _compiled_bytes(value[1])
+    cache[key] = value
+    with _lock:
+        pins = [_LRU.get(id(e)) for e in value[2]]
+        rec.pins = tuple({id(p): p for p in pins if p is not None}.values())
+        for p in rec.pins:
+            p.pinned += 1
+        _held[GRAPH][1] += rec.nbytes
+    _admit(rec, id(value))
+    return value
+
+
+def touch(value) -> None:
+    """A program found in its cache: now the most recently used."""
+    try:
+        _move(id(value))
+    except KeyError:
+        pass
+
+
 def _node_label(i, node):
     plan = node.entry.key[0]
     return (f"op {i} ({plan})", getattr(plan, "names", ()))
@@ -501,7 +541,14 @@ def _specs(args):
 
 def _code_bytes(fn, specs):
     try:
-        ma = fn.lower(*specs).compile().memory_analysis()  # (jax's caches: ~0.3 ms)
+        return _compiled_bytes(fn.lower(*specs).compile())  # (jax's caches: ~0.3 ms)
+    except Exception:  # noqa: BLE001  (a lowering that fails here fails at the call)
+        return CPU_PROGRAM_BYTES
+
+
+def _compiled_bytes(compiled):
+    try:
+        ma = compiled.memory_analysis()
         return int(ma.generated_code_size_in_bytes + ma.host_generated_code_size_in_bytes) \
             or CPU_PROGRAM_BYTES  # a platform that reports none, as XLA:CPU
     except Exception:  # noqa: BLE001  (a platform without memory stats: the CPU figure)

@@ -8,6 +8,7 @@ modes, dropout included (replay draws as eager draws). Then what replay must not
 (compile, read back, flush), counted; then what capture cannot hold, each a CaptureError
 naming the user's line, after which the process and the tensors are as before."""
 import gc
+import itertools
 import pathlib
 
 import pytest
@@ -131,6 +132,48 @@ def test_replay_compiles_nothing_and_reads_nothing_back(eager):
     for _ in range(8):
         step2()
     assert got == seen2.tolist()
+
+
+def test_captured_programs_live_in_the_one_program_cache(eager):
+    """A captured region's program is held by the one program cache: counted in its stats,
+    shared by an equal region captured again, and refused, naming the region's line, in
+    cache-only mode (as a fused graph or a compiled one would be)."""
+    step, seen = _decoder()
+    step()
+    seen.cpu()
+    before = metrics.counters.copy()
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        step()
+    g.replay()
+    grew = metrics.counters - before
+    assert grew["graphs.compiled"] + grew["graphs.cache_hits"] == 1, grew
+    names = [p["name"] for p in torch.tpu.compile_cache_stats(disk=False)["programs"]]
+    assert any(n.startswith("captured_") for n in names), names
+    before = metrics.counters.copy()
+    g2 = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g2):
+        step()
+    g2.replay()
+    assert (metrics.counters - before)["graphs.cache_hits"] == 1
+    other = torch.zeros(next(_SIZES), device="tpu")  # a region no test captured before,
+    other.add_(1)                                       # of ops compiled already
+    torch.tpu.synchronize()
+    previous = torch_tpu.set_cache_only(True)
+    try:
+        g3 = torch.tpu.TPUGraph()
+        with pytest.raises(torch_tpu.CacheMissError, match="region captured at .*test_capture.py"):
+            with torch.tpu.graph(g3):
+                step()
+                other.add_(1)
+    finally:
+        torch_tpu.set_cache_only(previous)
+    want = seen.clone()
+    g.replay()  # the graph holds its program: it still replays
+    assert not torch.equal(seen, want) or len(set(want.tolist())) == 1
+
+
+_SIZES = itertools.count(1001)
 
 
 def test_replay_steps_runs_n_replays_in_one_launch(eager):

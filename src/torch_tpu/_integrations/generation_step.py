@@ -36,6 +36,7 @@ import torch
 
 from .. import metrics
 from ..eager import capture
+from ..op import current
 
 CACHE_POOL = "_tpu_generate_caches"  # model attribute: {(batch, capacity, dtype, device): StaticCache}
 _STEP_POOL = "_tpu_generate_steps"   # model attribute: {cache pool key: _CapturedStep}
@@ -68,15 +69,17 @@ def for_call(model, key, fingerprint, input_ids, given, capacity, criteria):
     it was captured from what `fingerprint` describes, else a new one, captured at the
     call's first token (the pooled one is dropped). Its `ids` and `mask` are the call's
     capacity buffers, which the prefill writes into."""
+    # DeferAndFuse: the call's setup so far runs as a graph of its own, and a new step's
+    # buffers are made apart from the call's graphs too, so that the first call's graphs
+    # are the ones later calls make (each a cache hit)
+    current.flush_pending("generate")
     pool = model.__dict__.setdefault(_STEP_POOL, {})
     step = pool.get(key)
     if step is not None and step.fingerprint == fingerprint:
         return step
     pool.pop(key, None)
     step = _CapturedStep(input_ids, given, capacity, criteria, fingerprint)
-    # DeferAndFuse: made apart from the call's graphs (flushed on both sides, as the pooled
-    # cache is), so that the first call's graphs are the ones later calls make
-    torch.tpu.synchronize()
+    current.flush_pending("generate")
     return step
 
 

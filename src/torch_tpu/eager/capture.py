@@ -42,13 +42,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
-import time
 import weakref
 
 import jax
 import torch
 
-from .. import _C, _frames, _on_import, _rng, _runtime, _storage, metrics
+from .. import _C, _frames, _on_import, _program_cache, _rng, _runtime, _storage, metrics
 from .._C import Lazy
 from .._program_cache import PROFILING, op_entry
 from ..op import current
@@ -88,10 +87,9 @@ class _Offset(int):
 
 _CAPTURING: list = []  # the graphs capturing now (one per thread at most)
 # graph key (fuse's: op entries, wiring, outputs, scalar slots) -> (call, compiled, entries):
-# a region captured again as it was (generate() captures its decode step per call) reuses
-# its program. Bounded: the oldest goes first.
+# a region captured again as it was reuses its program. Held under the one program
+# cache's bound (_program_cache.admit_captured).
 _PROGRAMS: dict = {}
-_PROGRAMS_MAX = 16
 
 
 def _where() -> str:
@@ -323,7 +321,7 @@ class TPUGraph:
             direct = _runtime.direct_call(jitted, args, PROFILING)
             return compiled if direct is jitted else direct, compiled, entries
 
-        self._compiled, self._stages, _ = _program(key, make)  # (_stages: debug_dump)
+        self._compiled, self._stages, _ = _program(key, make, f"captured_{len(entries)}ops")
 
     # ------------------------------------------------------------ replay
     def replay(self) -> None:
@@ -470,26 +468,22 @@ def _repeated_program(g: TPUGraph):
 
         n_aval = jax.ShapeDtypeStruct((), _runtime.scalar_to_device(1).dtype)
         # (with the entries, as the region's own program: the key names them by id)
-        return jax.jit(repeated).lower(*avals, n_aval).compile(), entries
+        compiled = jax.jit(repeated).lower(*avals, n_aval).compile()
+        return compiled, compiled, entries
 
-    return _program((key, "repeated", feeds, draws), make)[0]
+    return _program((key, "repeated", feeds, draws), make, f"captured_{len(entries)}ops_repeated")[0]
 
 
-def _program(key, make):
-    """`_PROGRAMS[key]`, made by `make()` on a miss (counted, its compile time too); the
-    entry becomes the most recent, and the oldest goes past _PROGRAMS_MAX."""
-    hit = _PROGRAMS.pop(key, None)
-    if hit is None:
-        t0 = time.perf_counter()
-        hit = make()
-        metrics.compile_seconds[0] += time.perf_counter() - t0
-        metrics.count("graphs.compiled")
-        while len(_PROGRAMS) >= _PROGRAMS_MAX:
-            _PROGRAMS.pop(next(iter(_PROGRAMS)))
-    else:
+def _program(key, make, name):
+    """`_PROGRAMS[key]`, made by `make()` on a miss and admitted to the one program cache
+    (its bound, cache-only mode, statistics)."""
+    hit = _PROGRAMS.get(key)
+    if hit is not None:
+        _program_cache.touch(hit)
         metrics.count("graphs.cache_hits")
-    _PROGRAMS[key] = hit
-    return hit
+        return hit
+    metrics.count("graphs.compiled")
+    return _program_cache.admit_captured(_PROGRAMS, key, make, name, _where())
 
 
 def is_current_stream_capturing() -> bool:
