@@ -25,7 +25,7 @@ import torch
 import torch_tpu
 from torch_tpu import _C, _dispatch, _frames
 from torch_tpu.eager import debug, defer, fuse, strict
-from torch_tpu.op import opcall
+from torch_tpu.op import build, opcall
 from torch_tpu.lowering import schema
 
 aten = torch.ops.aten
@@ -87,7 +87,7 @@ def test_graph_key_layout(monkeypatch):
 
 
 def test_slots_c_reads_at_their_offsets():
-    classes = {"Entry": opcall.Entry, "DeferExecutor": defer.DeferExecutor}
+    classes = {"Entry": build.Entry, "DeferExecutor": defer.DeferExecutor}
     assert set(CONTRACTS["slots"]) == set(classes)
     for name, slots in CONTRACTS["slots"].items():
         for slot in slots:

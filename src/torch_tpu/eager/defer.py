@@ -62,12 +62,13 @@ from .._program_cache import op_entry
 from . import fuse
 from .._C import Lazy, Node
 from ..op import capacity, current
-from ..op.opcall import Entry, device_scalar, run_eager, scan_fast
+from ..op.build import Entry, run_eager
+from ..op.opcall import device_scalar, scan_fast
 from .strict import new_tensor
 
 # The pending graph's two C types (csrc/graph.cpp), C because every recorded op makes a Node
 # and a Lazy per result and the flush walks them all. Node(entry, bufs, dyns, frame): the
-# op's cached opcall.Entry, its input buffers (jax arrays or Lazy values), its dynamic
+# op's cached build.Entry, its input buffers (jax arrays or Lazy values), its dynamic
 # scalars, its (file, line); `outs` holds a Lazy per output and `pos` its index, set at
 # the flush. Lazy(node, idx, owner): the flat buffer that output `idx` will be; `owner` is
 # a weakref to the storage object whose buffer record holds it.

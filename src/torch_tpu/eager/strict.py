@@ -15,7 +15,8 @@ from .. import _C, _jax_internals, _runtime, _storage, metrics
 from .._program_cache import op_entry
 from .._transfer import covers_storage
 from ..op import asserts, capacity, lengths  # noqa: F401  (lengths registers its calls)
-from ..op.opcall import normalize, run_eager, scan_fast
+from ..op.build import run_eager
+from ..op.opcall import normalize, scan_fast
 
 _COUNTERS = metrics.counters
 _slot = _C.slot  # several devices per process: the op's tpu index
