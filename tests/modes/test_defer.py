@@ -605,8 +605,7 @@ def test_a_flush_during_an_ops_scan_leaves_no_stale_inputs():
     from torch_tpu_tools.validation import ops
 
     db = {ops.op_name(o): o for o in ops.op_db()}
-    names = ["nn.functional.scaled_dot_product_attention", "add", "nn.functional.layer_norm",
-             "softmax"]
+    names = ["nn.functional.scaled_dot_product_attention", "add"]
 
     def call(name, s, move):
         args = [move(a) if isinstance(a, torch.Tensor) else a for a in s.args]
