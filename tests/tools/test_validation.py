@@ -510,3 +510,29 @@ def test_cli_validate_referee_writes_its_section_and_resumes(tmp_path):
                            env=env)
     assert again.returncode == 0 and "this run: 0 models" in again.stdout, \
         again.stderr[-3000:]
+
+
+def test_a_projection_loss_may_be_as_far_as_its_output_error_implies():
+    """A base model's loss is (out * w).sum(): one sum of n output errors of either sign.
+    tpu's output within the judge of CPU's, its summed loss farther from float64 than 3x
+    CPU's lucky draw, passes as long as |w| |out - out64| covers it; a loss that its
+    output does not explain (a broken sum) fails."""
+    from torch_tpu_tools.validation import training
+
+    g = torch.Generator().manual_seed(0)
+    wide_out = torch.randn(2, 8, 256, generator=g, dtype=torch.float64)
+    w = training.projection(wide_out)
+
+    def step(out, loss):
+        return {"out": out, "loss": loss, "grads": {}, "params": {}, "projected": True}
+
+    wide = step(wide_out, (wide_out * w).sum())
+    cpu_out = wide_out.float()
+    cpu = step(cpu_out, wide["loss"].float() + 1e-7)  # CPU's sum happened to land close
+    noise = 8e-6 * w.sign()  # within the output's judge, all of it in the loss's direction
+    tpu_out = (wide_out + noise).float()
+    tpu = step(tpu_out, (wide["loss"] + (noise * w).sum()).float())
+    assert training.judged(wide["loss"], cpu["loss"], tpu["loss"], "loss") is not None
+    assert training.compare_steps(cpu, tpu, wide) is None
+    broken = step(tpu_out, tpu["loss"] + 0.1)
+    assert "loss" in training.compare_steps(cpu, broken, wide)

@@ -11,7 +11,8 @@ The judge is PyTorch's own for backends (torch._dynamo.utils.same with a float64
 reference, as its benchmark accuracy checks run it): the same step runs on CPU in float32
 and in float64, and a tpu tensor fails only when its RMSE from the float64 result exceeds
 MULTIPLIER times CPU float32's own RMSE from it, plus TOL / 10 (tolerances.py). The output,
-the loss, every gradient and every parameter after the step are judged; a parameter
+the loss, every gradient and every parameter after the step are judged (a projection
+loss may also be as far as tpu's output error implies: `_implied`); a parameter
 only where the gradients carry signal (each within half of float64's): AdamW's first step
 moves an element by about lr times its gradient's sign, so a gradient that is rounding
 noise flips it on any device. A model that cannot run in float64 on CPU is judged against
@@ -56,10 +57,8 @@ def step(model, kw: dict, label_kw: dict, main_output, run=None) -> dict:
                             eps=ADAM_EPS)
     result = run(**kw, **label_kw)
     _, out = main_output(result)
-    if label_kw and getattr(result, "loss", None) is not None:
-        loss = result.loss
-    else:
-        loss = (out * projection(out).to(out.device, out.dtype)).sum()
+    projected = not (label_kw and getattr(result, "loss", None) is not None)
+    loss = (out * projection(out).to(out.device, out.dtype)).sum() if projected else result.loss
     loss.backward()
     grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()
              if p.grad is not None}
@@ -68,7 +67,7 @@ def step(model, kw: dict, label_kw: dict, main_output, run=None) -> dict:
               if p.requires_grad}
     model.zero_grad(set_to_none=True)
     return {"out": out.detach().cpu().clone(), "loss": loss.detach().cpu().clone(),
-            "grads": grads, "params": params}
+            "grads": grads, "params": params, "projected": projected}
 
 
 def in_float64(model, kw: dict):
@@ -110,6 +109,22 @@ def judged(wide: torch.Tensor, cpu: torch.Tensor, tpu: torch.Tensor, what: str) 
             f"(allowed {mult:g}x + {floor:.3g})")
 
 
+def _implied(cpu: dict, tpu: dict, wide: dict) -> bool:
+    """Whether a projection loss's error from float64 is what tpu's output error implies.
+    The loss is (out * w).sum(), linear in the output, which is judged itself: by
+    Cauchy-Schwarz its error is at most |w| |out - out64| (plus the sum's rounding, within
+    CPU's own allowance). A single sum of ~n errors of either sign is one draw, so the
+    multiplier rule alone, against CPU's one draw, fails outputs that pass (GLM-4V-MoE's
+    text model in DeferAndFuse: output within 1.2x of CPU's RMSE, summed loss 13x)."""
+    w = projection(wide["out"])
+    if tuple(w.shape) != tuple(tpu["out"].shape):
+        return False
+    bound = float(w.norm()) * float((tpu["out"].double() - wide["out"]).norm())
+    room = float((cpu["loss"].double() - wide["loss"]).abs())
+    err = float((tpu["loss"].double() - wide["loss"]).abs())
+    return err <= bound + tolerances.F64_MULTIPLIER_SMALL * room
+
+
 def _signal(grads: list, wide_grad) -> torch.Tensor | None:
     """Where every gradient agrees with float64's within half of it, and is well above
     AdamW's eps: elsewhere the gradient is rounding noise, and AdamW's first step, about
@@ -147,7 +162,9 @@ def compare_steps(cpu: dict, tpu: dict, wide: dict | None) -> str | None:
             keep = _signal(grads, grads[0] if w is None else wide["grads"].get(name))
             if keep is not None:
                 c, t, w = c[keep], t[keep], None if w is None else w[keep]
-        if w is not None:
+        if w is not None and what == "loss" and tpu["projected"] and _implied(cpu, tpu, wide):
+            reason = None
+        elif w is not None:
             reason = judged(w, c, t, what)
         else:
             rtol, atol = tolerances.MODEL_LOGITS if what in ("out", "loss") else \
