@@ -36,11 +36,12 @@ stays pooled with the capacity cache, and a later call replays it without record
 again while a fingerprint of what it was recorded from (the modules, their parameters'
 storages, adapters, processors, the cache) is unchanged; anything else records it again
 (generation_step.py). The step captured holds only what a replay repeats exactly: the
-logits warpers that read the scores alone (`_WARPERS`), the minimum lengths (`LENGTH_FLOORS`: EOS barred
-with the length as data), and the EOS stopping criterion (max length and max time are
-checked on the host between launches). Other processors or criteria, scores or logits
-returned, a streamer, or a region capture refuses (CaptureError) decode op by op, counted
-in `generate_uncaptured` with the reason in `uncaptured_reasons()`;
+logits warpers that read the scores alone (`_WARPERS`), the minimum lengths
+(`LENGTH_FLOORS`: EOS barred with the length as data), and the EOS stopping criterion (max
+length and max time are checked on the host between launches). Other processors or
+criteria, scores or logits returned, a streamer, or a region capture refuses
+(CaptureError) decode op by op, counted in `generate_uncaptured` with the reason in
+`uncaptured_reasons()`;
 TORCH_TPU_CAPTURED_GENERATE=0 turns it off. A compiled forward
 (cache_implementation="static") is captured too, from its first call: its graph is one node
 of the step (compile/program.py records a first call from an abstract trace), so it compiles
@@ -190,8 +191,8 @@ def _static_cache(model, key):
 
 
 def _capacity_buffer(t: torch.Tensor, capacity: int, fill, into=None) -> torch.Tensor:
-    """`t` written at the start of a capacity buffer of `fill`: `into` (a reused step's
-    buffer, of the same layout) or a new one."""
+    """`t` written at the start of a capacity buffer of `fill`: `into` (the decode step's
+    own buffer, of the same layout) or a new one."""
     buf = t.new_full((*t.shape[:-1], capacity), fill) if into is None else into.fill_(fill)
     buf[..., :t.shape[-1]] = t
     return buf
