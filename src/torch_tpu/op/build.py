@@ -9,7 +9,7 @@ import time
 
 import jax
 
-from .. import _jax_internals, _runtime, _storage, metrics
+from .. import _C, _jax_internals, _runtime, _storage, metrics
 from ..lowering.registry import bounds_of
 from ..lowering.schema import (GENERATOR, OPT_TENSOR, OPT_TENSOR_LIST, SCALAR, SCALAR_KEYED,
                                SCALAR_LIST, STATIC, STATIC_NUMBER, TENSOR_LIST)
@@ -243,7 +243,7 @@ def _traceable_shapes(fn, parts, plan):
 
 def run_eager(plan, entry, vals, bufs, dyns):
     """Run a data-dependent-shape op on concrete arrays; returns (fresh specs, flat outs)."""
-    if _slot():  # (its eager jnp ops make their arrays on JAX's default device)
+    if _C.slot():  # (its eager jnp ops make their arrays on JAX's default device)
         with jax.default_device(_runtime.device()):
             raw, _ = entry.eager_fn(bufs, dyns, None)
     else:
