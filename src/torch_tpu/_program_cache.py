@@ -267,11 +267,7 @@ def admit_graph(cache, key, nodes, body, donate, reason) -> Program:
     body.__name__ = body.__qualname__ = name
     rec.fn = jax.jit(body, donate_argnums=donate)
     rec.label = (f"DeferAndFuse {name}", {"ops": "; ".join(distinct), "nodes": len(nodes)})
-    with _lock:
-        pins = [_LRU.get(id(n.entry)) for n in nodes]
-        rec.pins = tuple({id(p): p for p in pins if p is not None}.values())
-        for p in rec.pins:
-            p.pinned += 1
+    _pin(rec, [n.entry for n in nodes])
     # a site: these ops, recorded up to this user line
     _recompiles.storm((GRAPH, ops, line), f"DeferAndFuse graph {name} ({len(nodes)} ops)", line,
                       parts, labels, nested=True)
@@ -300,11 +296,8 @@ def admit_captured(cache, key, make, name, where):
         _COUNT[f"programs.{GRAPH}.{'disk_hits' if rec.disk else 'xla_compiles'}"] += 1
     rec.nbytes = CPU_PROGRAM_BYTES if _runtime.platform() == "cpu" else _compiled_bytes(value[1])
     cache[key] = value
+    _pin(rec, value[2])
     with _lock:
-        pins = [_LRU.get(id(e)) for e in value[2]]
-        rec.pins = tuple({id(p): p for p in pins if p is not None}.values())
-        for p in rec.pins:
-            p.pinned += 1
         _held[GRAPH][1] += rec.nbytes
     _admit(rec, id(value))
     return value
@@ -316,6 +309,15 @@ def touch(value) -> None:
         _move(id(value))
     except KeyError:
         pass
+
+
+def _pin(rec, entries) -> None:
+    """A graph names its op entries by id: the cached ones stay while it is held."""
+    with _lock:
+        pins = [_LRU.get(id(e)) for e in entries]
+        rec.pins = tuple({id(p): p for p in pins if p is not None}.values())
+        for p in rec.pins:
+            p.pinned += 1
 
 
 def _node_label(i, node):
